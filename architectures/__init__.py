@@ -1,0 +1,24 @@
+"""The one registry: Hugging Face architecture name -> the module in this package that builds it."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from builder.errors import BuildError
+
+ARCHITECTURES: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "llama",
+    "Qwen3ForCausalLM": "llama",
+}
+
+
+def load(architecture: str) -> ModuleType:
+    """The module for `architecture`; an unknown name fails listing the supported ones."""
+    if architecture not in ARCHITECTURES:
+        raise BuildError(
+            f"unsupported architecture {architecture!r}; supported: {', '.join(sorted(ARCHITECTURES))}"
+        )
+    return importlib.import_module(f"architectures.{ARCHITECTURES[architecture]}")

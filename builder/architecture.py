@@ -1,0 +1,46 @@
+"""What the pipeline needs from an architecture module (see architectures/llama.py for one)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import onnx_ir as ir
+
+from builder.checkpoint import Checkpoint
+from builder.graph import Graph
+from builder.io import DecoderIO
+from builder.target import Target
+
+
+@dataclass(frozen=True)
+class DecoderInfo:
+    """The facts about a decoder that its I/O, genai_config.json and build records need."""
+
+    model_type: str  # onnxruntime-genai's model type ("llama", "qwen3", ...)
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_size: int
+    context_length: int
+    bos_token_id: int | None
+    eos_token_ids: list[int]
+    pad_token_id: int | None
+    sliding_window: int | None = None
+    sliding_window_layers: list[int] = field(default_factory=list)
+
+
+class Architecture(Protocol):
+    """A module in architectures/: a config parser, the graph, and what to ignore."""
+
+    IGNORED: tuple[str, ...]  # fnmatch patterns of checkpoint tensors deliberately left unused
+
+    def parse_config(self, raw: dict[str, Any], architecture: str) -> Any: ...
+
+    def info(self, config: Any) -> DecoderInfo: ...
+
+    def build(
+        self, g: Graph, io: DecoderIO, ckpt: Checkpoint, config: Any, target: Target
+    ) -> tuple[ir.Value, list[tuple[ir.Value, ir.Value]]]: ...

@@ -1,0 +1,128 @@
+"""Self-attention through ONNX Runtime's GroupQueryAttention, rotary embedding fused.
+
+Q, K and V come from one fused projection (the three weights concatenated lazily); the optional
+per-head q/k RMSNorm of Qwen3 and Gemma 3 runs between the projection and the attention op.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx_ir as ir
+
+from builder.blocks.linear import linear
+from builder.blocks.norm import rms_norm
+from builder.graph import Graph
+from builder.lazy import Weight
+from builder.target import Target
+
+
+@dataclass(frozen=True)
+class AttentionWeights:
+    """Projection weights in Hugging Face's [out, in] layout; biases and q/k norms optional."""
+
+    q: Weight
+    k: Weight
+    v: Weight
+    o: Weight
+    q_bias: Weight | None = None
+    k_bias: Weight | None = None
+    v_bias: Weight | None = None
+    o_bias: Weight | None = None
+    q_norm: Weight | None = None
+    k_norm: Weight | None = None
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """Shape and numerics of one layer's attention.
+
+    Attributes:
+        scale: multiplies Q·Kᵀ; None means 1/√head_dim.
+        window: sliding-window length (Hugging Face's `sliding_window`), or None for global.
+        softcap: tanh soft-capping of the attention logits (Gemma 2), 0 for none.
+        norm_eps: epsilon of the q/k RMSNorm, when there is one.
+    """
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float | None = None
+    window: int | None = None
+    softcap: float = 0.0
+    norm_eps: float = 1e-6
+
+
+@dataclass(frozen=True)
+class AttentionInputs:
+    """Per-model values every layer's attention shares."""
+
+    seqlens_k: ir.Value  # int32 [batch]: tokens seen so far minus one
+    total_sequence_length: ir.Value  # int32 scalar
+    cos_cache: ir.Value
+    sin_cache: ir.Value
+
+
+def attention_inputs(g: Graph, attention_mask: ir.Value, cos_cache: ir.Value, sin_cache: ir.Value) -> AttentionInputs:
+    """seqlens_k = int32(sum(mask, axis 1) − 1); total_sequence_length = int32(mask's dim 1)."""
+    with g.scope("model", "attn_mask_reformat"):
+        summed = g.op.ReduceSum(attention_mask, g.constant([1], "int64"), keepdims=0)  # (B, T) -> (B,)
+        seqlens_k = g.op.Cast(g.op.Sub(summed, g.constant(1, "int64")), to=ir.DataType.INT32)
+        total = g.op.Shape(attention_mask, start=1, end=2)  # (1,)
+        total = g.op.Cast(g.op.Squeeze(total, g.constant([0], "int64")), to=ir.DataType.INT32)  # ()
+    return AttentionInputs(seqlens_k, total, cos_cache, sin_cache)
+
+
+def _head_norm(g: Graph, x: ir.Value, weight: Weight, heads: int, spec: AttentionSpec, target: Target) -> ir.Value:
+    """RMSNorm over each head's vector: (B, S, H*D) -> (B, S, H, D) -> norm -> (B, S, H*D)."""
+    x = g.op.Reshape(x, g.constant([0, 0, heads, spec.head_dim], "int64"))
+    x = rms_norm(g, x, weight, spec.norm_eps, target)
+    return g.op.Reshape(x, g.constant([0, 0, heads * spec.head_dim], "int64"))
+
+
+def self_attention(
+    g: Graph,
+    x: ir.Value,
+    past: tuple[ir.Value, ir.Value],
+    shared: AttentionInputs,
+    w: AttentionWeights,
+    spec: AttentionSpec,
+    target: Target,
+) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """Returns (attention output after o_proj, present_key, present_value)."""
+    q_dim, kv_dim = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    biases = (w.q_bias, w.k_bias, w.v_bias)
+    bias = None
+    if any(b is not None for b in biases):
+        if not all(b is not None for b in biases):
+            raise ValueError("q/k/v biases must be all present or all absent")
+        bias = Weight.concat(biases, axis=0)
+    with g.scope("qkv_proj"):
+        qkv = linear(g, x, Weight.concat([w.q, w.k, w.v], axis=0), target, bias)  # (B, S, q_dim + 2·kv_dim)
+
+    if w.q_norm is not None or w.k_norm is not None:
+        q, k, v = g.op.Split(qkv, g.constant([q_dim, kv_dim, kv_dim], "int64"), axis=-1, _outputs=3)
+        if w.q_norm is not None:
+            with g.scope("q_norm"):
+                q = _head_norm(g, q, w.q_norm, spec.num_heads, spec, target)
+        if w.k_norm is not None:
+            with g.scope("k_norm"):
+                k = _head_norm(g, k, w.k_norm, spec.num_kv_heads, spec, target)
+    else:
+        q, k, v = qkv, None, None  # packed QKV input
+
+    out, present_k, present_v = g.ms.GroupQueryAttention(
+        q, k, v, past[0], past[1], shared.seqlens_k, shared.total_sequence_length,
+        shared.cos_cache, shared.sin_cache,
+        _outputs=3,
+        num_heads=spec.num_heads,
+        kv_num_heads=spec.num_kv_heads,
+        scale=spec.scale,
+        softcap=spec.softcap or None,
+        local_window_size=spec.window if spec.window else -1,
+        do_rotary=1,
+        rotary_interleaved=0,  # Hugging Face's rotate_half layout
+    )  # out: (B, S, num_heads * head_dim)
+    with g.scope("o_proj"):
+        out = linear(g, out, w.o, target, w.o_bias)
+    return out, present_k, present_v

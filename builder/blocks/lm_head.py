@@ -1,0 +1,27 @@
+"""The output projection to vocabulary logits."""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from builder.blocks.linear import linear
+from builder.graph import Graph
+from builder.io import logits_dtype
+from builder.lazy import Weight
+from builder.target import Target
+
+
+def lm_head(g: Graph, x: ir.Value, weight: Weight, target: Target, softcap: float | None = None) -> ir.Value:
+    """logits = x · Wᵀ, optionally soft-capped (softcap · tanh(logits / softcap)), in the logits dtype."""
+    with g.scope("lm_head"):
+        logits = linear(g, x, weight, target)
+        out_dtype = logits_dtype(target.io_dtype)
+        if out_dtype != target.io_dtype:
+            logits = g.op.Cast(logits, to=ir.DataType.from_numpy(out_dtype))
+        if softcap:
+            cap = g.constant(softcap, out_dtype)
+            logits = g.op.Mul(g.op.Tanh(g.op.Div(logits, cap)), cap)
+    return logits
+
+
+

@@ -1,0 +1,36 @@
+"""The gated MLP of Llama-style decoders: down(act(gate(x)) · up(x))."""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from builder.blocks.linear import linear
+from builder.graph import Graph
+from builder.lazy import Weight
+from builder.target import Target
+
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu")
+
+
+def activation(g: Graph, x: ir.Value, name: str) -> ir.Value:
+    """Hugging Face's ACT2FN[name] as ONNX ops."""
+    if name == "silu":
+        return g.op.Mul(x, g.op.Sigmoid(x))
+    if name == "gelu_pytorch_tanh":
+        return g.op.Gelu(x, approximate="tanh")
+    if name == "gelu":
+        return g.op.Gelu(x)
+    raise ValueError(f"unsupported activation {name!r}; supported: {', '.join(ACTIVATIONS)}")
+
+
+def gated_mlp(
+    g: Graph, x: ir.Value, gate: Weight, up: Weight, down: Weight, act: str, target: Target
+) -> ir.Value:
+    with g.scope("gate_proj"):
+        gate_out = linear(g, x, gate, target)
+    with g.scope("up_proj"):
+        up_out = linear(g, x, up, target)
+    with g.scope("act_fn"):
+        h = g.op.Mul(activation(g, gate_out, act), up_out)
+    with g.scope("down_proj"):
+        return linear(g, h, down, target)

@@ -1,0 +1,120 @@
+"""Rotary position embeddings: the inverse frequencies of each Hugging Face `rope_type`, and the
+cos/sin caches GroupQueryAttention reads ([max_positions, rotary_dim / 2]).
+
+The arithmetic follows transformers' `modeling_rope_utils` in float32, as torch does it there,
+so the caches match Hugging Face's cos/sin to the last bit or two.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from builder.lazy import Weight
+
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+
+
+@dataclass(frozen=True)
+class Rope:
+    """inv_freq: float32 [rotary_dim / 2]; attention_factor scales cos and sin (yarn, longrope)."""
+
+    inv_freq: np.ndarray
+    attention_factor: float = 1.0
+
+    @property
+    def rotary_dim(self) -> int:
+        return 2 * len(self.inv_freq)
+
+    @classmethod
+    def from_parameters(cls, params: dict[str, Any], head_dim: int, max_position_embeddings: int) -> Rope:
+        """Reads a standardized `rope_parameters` dict (see architectures' config parsing)."""
+        rope_type = params.get("rope_type", "default")
+        base = float(params["rope_theta"])
+        dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
+        inv_freq = default_inv_freq(base, dim)
+        if rope_type in ("default", "dynamic"):
+            # Dynamic NTK only departs from the default past max_position_embeddings, beyond the
+            # context the model is built for.
+            return cls(inv_freq)
+        if rope_type == "linear":
+            return cls((inv_freq / np.float32(params["factor"])).astype(np.float32))
+        if rope_type == "llama3":
+            return cls(llama3_inv_freq(inv_freq, params))
+        if rope_type == "yarn":
+            return yarn(params, base, dim, max_position_embeddings)
+        raise ValueError(f"unsupported rope_type {rope_type!r}; supported: {', '.join(ROPE_TYPES)}")
+
+    def caches(self, max_positions: int, dtype: np.dtype) -> tuple[Weight, Weight]:
+        """Lazy cos and sin tables, computed in float32 when written, stored in `dtype`."""
+        half = len(self.inv_freq)
+
+        def table(fn):
+            def compute() -> np.ndarray:
+                freqs = np.arange(max_positions, dtype=np.float32)[:, None] * self.inv_freq[None, :]
+                out = fn(freqs)
+                if self.attention_factor != 1.0:
+                    out *= np.float32(self.attention_factor)
+                return out
+
+            return Weight.computed((max_positions, half), np.float32, compute).astype(dtype)
+
+        return table(np.cos), table(np.sin)
+
+
+def default_inv_freq(base: float, dim: int) -> np.ndarray:
+    # 1 / base^(2i/dim), with the exponent formed in float32 as torch.arange(...).float() / dim does.
+    exponent = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)
+    return (1.0 / np.power(np.float32(base), exponent)).astype(np.float32)
+
+
+def llama3_inv_freq(inv_freq: np.ndarray, params: dict[str, Any]) -> np.ndarray:
+    """Llama 3.1's band-wise scaling: low frequencies divided by `factor`, high ones kept, a ramp between."""
+    factor = params["factor"]
+    low, high = params["low_freq_factor"], params["high_freq_factor"]
+    old_context = params["original_max_position_embeddings"]
+    wavelen = (2 * math.pi / inv_freq).astype(np.float32)
+    scaled = np.where(wavelen > old_context / low, inv_freq / np.float32(factor), inv_freq).astype(np.float32)
+    smooth = ((old_context / wavelen - low) / (high - low)).astype(np.float32)
+    smoothed = ((1 - smooth) * scaled / np.float32(factor) + smooth * scaled).astype(np.float32)
+    medium = ~(wavelen < old_context / high) & ~(wavelen > old_context / low)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def yarn(params: dict[str, Any], base: float, dim: int, max_position_embeddings: int) -> Rope:
+    """YaRN (transformers' `_compute_yarn_parameters`): a per-dimension blend of interpolated and
+    extrapolated frequencies, with an attention factor applied to cos and sin."""
+    factor = params.get("factor")
+    original = params["original_max_position_embeddings"]
+    if factor is None:
+        factor = max_position_embeddings / original
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        m, m_all = params.get("mscale"), params.get("mscale_all_dim")
+        attention_factor = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    beta_fast = params.get("beta_fast") or 32
+    beta_slow = params.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if params.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1).astype(np.float32)
+    pos_freqs = np.power(np.float32(base), np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim))
+    extrapolation = (1.0 / pos_freqs).astype(np.float32)
+    interpolation = (1.0 / (np.float32(factor) * pos_freqs)).astype(np.float32)
+    extrapolation_factor = (1 - ramp).astype(np.float32)
+    inv_freq = interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor
+    return Rope(inv_freq.astype(np.float32), float(attention_factor))

@@ -1,0 +1,205 @@
+"""Safetensors checkpoints read lazily: headers up front, tensor bytes only when a weight is written.
+
+A safetensors file is an 8-byte little-endian header length, a JSON header mapping each tensor
+name to its dtype, shape and [begin, end) byte range after the header, then the raw bytes. We parse
+the headers ourselves (no torch, no copy) and hand out `lazy.Weight` recipes; each one maps just
+its own byte range when it is evaluated and unmaps it right after, so pages read for one tensor
+never accumulate in the process's memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import json
+import mmap
+import os
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from builder.errors import BuildError
+from builder.lazy import Weight
+
+DTYPES: dict[str, np.dtype] = {
+    "F64": np.dtype(np.float64),
+    "F32": np.dtype(np.float32),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "I64": np.dtype(np.int64),
+    "I32": np.dtype(np.int32),
+    "I16": np.dtype(np.int16),
+    "I8": np.dtype(np.int8),
+    "U8": np.dtype(np.uint8),
+    "BOOL": np.dtype(np.bool_),
+}
+
+INDEX_FILE = "model.safetensors.index.json"
+_MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor's bytes live."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    path: Path
+    offset: int  # absolute byte offset in `path`
+    nbytes: int
+
+
+def read_header(path: Path) -> dict[str, TensorInfo]:
+    """Parses one safetensors header and checks every byte range against the file's size."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        raw_len = f.read(8)
+        if len(raw_len) != 8:
+            raise BuildError(f"{path}: not a safetensors file (shorter than its 8-byte header length)")
+        (header_len,) = struct.unpack("<Q", raw_len)
+        if header_len > min(_MAX_HEADER_BYTES, size - 8):
+            raise BuildError(f"{path}: corrupt safetensors header (declared length {header_len} bytes)")
+        try:
+            header = json.loads(f.read(header_len))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise BuildError(f"{path}: corrupt safetensors header ({e})") from None
+    if not isinstance(header, dict):
+        raise BuildError(f"{path}: corrupt safetensors header (not a JSON object)")
+    data_start = 8 + header_len
+    tensors = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = DTYPES[entry["dtype"]]
+            shape = tuple(int(d) for d in entry["shape"])
+            begin, end = (int(x) for x in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise BuildError(f"{path}: unsupported or corrupt header entry for tensor {name!r}: {entry}") from None
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if end - begin != nbytes or begin < 0:
+            raise BuildError(f"{path}: tensor {name!r} spans {end - begin} bytes but {entry['dtype']}{list(shape)} needs {nbytes}")
+        if data_start + end > size:
+            raise BuildError(f"{path}: truncated file: tensor {name!r} ends at byte {data_start + end}, file has {size}")
+        tensors[name] = TensorInfo(name, dtype, shape, path, data_start + begin, nbytes)
+    return tensors
+
+
+def safetensors_files(folder: Path) -> list[Path]:
+    """The checkpoint's weight files: those the index names, else every *.safetensors in the folder."""
+    index = folder / INDEX_FILE
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise BuildError(f"{index}: not a valid safetensors index ({e})") from None
+        files = sorted({folder / f for f in weight_map.values()})
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise BuildError(f"{index} names files that are missing: {', '.join(missing)}")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        return files
+    if any(folder.glob("*.bin")) or any(folder.glob("*.pt")) or any(folder.glob("*.pth")):
+        raise BuildError(
+            f"{folder} holds only pickle weights (*.bin/*.pt); builder never unpickles: "
+            "convert them to safetensors first"
+        )
+    raise BuildError(f"{folder} has no *.safetensors weights")
+
+
+class Checkpoint:
+    """The tensors of a safetensors checkpoint by Hugging Face name, and which of them were used.
+
+    Example:
+        >>> ckpt = Checkpoint.open("path/to/folder")          # doctest: +SKIP
+        >>> w = ckpt.weight("model.embed_tokens.weight")       # a recipe; nothing is read yet
+        >>> ckpt.check_consumed(ignore=["*.rotary_emb.inv_freq"])
+    """
+
+    def __init__(self, tensors: dict[str, TensorInfo]):
+        self.tensors = tensors
+        self._consumed: set[str] = set()
+
+    @classmethod
+    def open(cls, folder: str | os.PathLike) -> Checkpoint:
+        tensors: dict[str, TensorInfo] = {}
+        for path in safetensors_files(Path(folder)):
+            for name, info in read_header(path).items():
+                if name in tensors:
+                    raise BuildError(f"tensor {name!r} is in both {tensors[name].path.name} and {path.name}")
+                tensors[name] = info
+        return cls(tensors)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def info(self, name: str) -> TensorInfo:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise BuildError(f"the checkpoint lacks tensor {name!r}, which this architecture needs") from None
+
+    def weight(self, name: str, shape: Iterable[int] | None = None) -> Weight:
+        """A lazy recipe for tensor `name`; marks it consumed. `shape`, if given, is checked."""
+        info = self.info(name)
+        if shape is not None and tuple(shape) != info.shape:
+            raise BuildError(
+                f"tensor {name!r} has shape {list(info.shape)} but config.json implies {list(shape)}"
+            )
+        self._consumed.add(name)
+        return Weight.source(info.shape, info.dtype, lambda stack: stack.enter_context(mapped(info)), name)
+
+    def consume(self, name: str) -> None:
+        """Marks a tensor as deliberately unused (for example a tied lm_head duplicate)."""
+        self.info(name)
+        self._consumed.add(name)
+
+    def unconsumed(self, ignore: Iterable[str] = ()) -> list[str]:
+        patterns = list(ignore)
+        return sorted(
+            n for n in self.tensors
+            if n not in self._consumed and not any(fnmatch.fnmatchcase(n, p) for p in patterns)
+        )
+
+    def check_consumed(self, ignore: Iterable[str] = ()) -> None:
+        """Fails naming every tensor that no code used and no ignore pattern covers."""
+        left = self.unconsumed(ignore)
+        if left:
+            shown = ", ".join(left[:8]) + (f" and {len(left) - 8} more" if len(left) > 8 else "")
+            raise BuildError(f"the checkpoint has tensors this architecture does not use: {shown}")
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+
+@contextlib.contextmanager
+def mapped(info: TensorInfo) -> Iterator[np.ndarray]:
+    """A read-only array over the tensor's bytes in the page cache, unmapped on exit.
+
+    The caller must not keep a view of the array past the `with` block (`lazy.Weight` copies
+    its result out before leaving).
+    """
+    if info.nbytes == 0:
+        yield np.empty(info.shape, info.dtype)
+        return
+    start = info.offset - info.offset % mmap.ALLOCATIONGRANULARITY
+    with open(info.path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), info.offset - start + info.nbytes, offset=start, access=mmap.ACCESS_READ)
+    try:
+        array = np.frombuffer(mm, info.dtype, int(np.prod(info.shape)), info.offset - start).reshape(info.shape)
+        yield array
+        del array
+    finally:
+        try:
+            mm.close()
+        except BufferError:
+            # A caller still holds a view; the mapping is released when that view is collected.
+            pass

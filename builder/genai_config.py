@@ -1,0 +1,99 @@
+"""genai_config.json, and the tokenizer files onnxruntime-genai loads beside the model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from builder.architecture import DecoderInfo
+from builder.hf_config import token_ids
+from builder.io import PAST_KEY, PAST_VALUE, PRESENT_KEY, PRESENT_VALUE
+from builder.target import Target
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+)
+
+# Sampling settings taken from generation_config.json when it sets them, else these.
+SEARCH_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0}
+
+
+def genai_config(info: DecoderInfo, target: Target, generation: dict[str, Any], filename: str = "model.onnx") -> dict[str, Any]:
+    """The decoder's genai_config.json; generation_config.json's token ids and sampling settings win."""
+    bos = generation.get("bos_token_id", info.bos_token_id)
+    eos = token_ids(generation.get("eos_token_id")) or info.eos_token_ids
+    pad = generation.get("pad_token_id", info.pad_token_id)
+    if pad is None:
+        pad = eos[0] if eos else 0
+    if isinstance(pad, list):
+        pad = pad[0]
+    provider_options = [] if target.execution_provider == "cpu" else [{target.execution_provider: {}}]
+    decoder: dict[str, Any] = {
+        "session_options": {"log_id": "onnxruntime-genai", "provider_options": provider_options},
+        "filename": filename,
+        "head_size": info.head_size,
+        "hidden_size": info.hidden_size,
+        "inputs": {
+            "input_ids": "input_ids",
+            "attention_mask": "attention_mask",
+            "past_key_names": PAST_KEY,
+            "past_value_names": PAST_VALUE,
+        },
+        "outputs": {"logits": "logits", "present_key_names": PRESENT_KEY, "present_value_names": PRESENT_VALUE},
+        "num_attention_heads": info.num_attention_heads,
+        "num_hidden_layers": info.num_layers,
+        "num_key_value_heads": info.num_kv_heads,
+    }
+    if info.sliding_window_layers:
+        decoder["sliding_window"] = {
+            "window_size": info.sliding_window,
+            "slide_key_value_cache": False,
+            "slide_inputs": False,
+            "layers": info.sliding_window_layers,
+        }
+    search = {k: generation.get(k, v) if generation.get(k) is not None else v for k, v in SEARCH_DEFAULTS.items()}
+    return {
+        "model": {
+            "bos_token_id": bos,
+            "context_length": info.context_length,
+            "decoder": decoder,
+            "eos_token_id": eos if len(eos) != 1 else eos[0],
+            "pad_token_id": pad,
+            "type": info.model_type,
+            "vocab_size": info.vocab_size,
+        },
+        "search": {
+            "diversity_penalty": 0.0,
+            "early_stopping": True,
+            "length_penalty": 1.0,
+            "max_length": info.context_length,
+            "min_length": 0,
+            "no_repeat_ngram_size": 0,
+            "num_beams": 1,
+            "num_return_sequences": 1,
+            # GroupQueryAttention reads and writes the KV cache in place in one max-length buffer.
+            "past_present_share_buffer": True,
+            **search,
+        },
+    }
+
+
+def write_genai_files(source: Path, dest: Path, config: dict[str, Any]) -> list[str]:
+    """Writes genai_config.json and copies the tokenizer files that exist; returns the copied names."""
+    (dest / "genai_config.json").write_text(json.dumps(config, indent=4) + "\n")
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (source / name).is_file():
+            shutil.copyfile(source / name, dest / name)
+            copied.append(name)
+    return copied

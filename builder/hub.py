@@ -1,0 +1,70 @@
+"""A model id or folder -> a local folder holding config.json, the safetensors and the tokenizer."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from builder.errors import BuildError
+
+# Only what a build reads: never pickled *.bin weights, never other formats' duplicates.
+ALLOW_PATTERNS = [
+    "config.json",
+    "generation_config.json",
+    "*.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+]
+
+
+def _looks_like_path(model: str) -> bool:
+    """Hub ids are `name` or `org/name`; anything else the user typed is meant as a folder."""
+    return model.startswith((".", "/", "~")) or model.count("/") > 1
+
+
+def resolve(model: str, revision: str | None = None) -> Path:
+    """Returns a local folder for `model`: the folder itself, or the hub snapshot (cached or downloaded).
+
+    Honors the Hugging Face cache (HF_HOME / HF_HUB_CACHE) and HF_HUB_OFFLINE=1.
+    """
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise BuildError(f"{model} is a file; --model takes a folder or a Hugging Face id")
+    if _looks_like_path(model):
+        raise BuildError(f"{model}: no such folder")
+    # Imported here: huggingface_hub costs start-up time that local builds need not pay.
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        return Path(snapshot_download(model, revision=revision, allow_patterns=ALLOW_PATTERNS))
+    except HFValidationError:
+        raise BuildError(f"{model}: no such folder, and not a valid Hugging Face id") from None
+    except GatedRepoError:
+        raise BuildError(f"{model} is gated on the Hugging Face hub: accept its license and log in (hf auth login)") from None
+    except RepositoryNotFoundError:
+        raise BuildError(f"{model}: no such folder, and no such model on the Hugging Face hub") from None
+    except RevisionNotFoundError:
+        raise BuildError(f"{model}: revision {revision!r} not found on the Hugging Face hub") from None
+    except LocalEntryNotFoundError:
+        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+        why = "HF_HUB_OFFLINE is set" if offline else "the hub cannot be reached"
+        raise BuildError(f"{model} is not in the Hugging Face cache and {why}") from None
+    except OSError as e:
+        raise BuildError(f"{model}: download failed ({e})") from None

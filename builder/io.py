@@ -1,0 +1,67 @@
+"""The decoder's inputs and outputs as onnxruntime-genai expects them (see DESIGN.md, I/O contract)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_ir as ir
+
+BATCH, SEQUENCE, TOTAL, PAST = "batch_size", "sequence_length", "total_sequence_length", "past_sequence_length"
+
+PAST_KEY, PAST_VALUE = "past_key_values.%d.key", "past_key_values.%d.value"
+PRESENT_KEY, PRESENT_VALUE = "present.%d.key", "present.%d.value"
+
+
+def _value(name: str, dtype: np.dtype | type, dims: tuple) -> ir.Value:
+    return ir.Value(name=name, type=ir.TensorType(ir.DataType.from_numpy(np.dtype(dtype))), shape=ir.Shape(dims))
+
+
+@dataclass
+class DecoderIO:
+    """The graph inputs, and the output values once the decoder has produced them."""
+
+    input_ids: ir.Value
+    attention_mask: ir.Value
+    past: list[tuple[ir.Value, ir.Value]]
+    io_dtype: np.dtype
+    kv_dims: tuple[int, int]  # (num_kv_heads, head_size)
+
+    @classmethod
+    def create(cls, num_layers: int, num_kv_heads: int, head_size: int, io_dtype: np.dtype) -> DecoderIO:
+        past = [
+            (
+                _value(PAST_KEY % i, io_dtype, (BATCH, num_kv_heads, PAST, head_size)),
+                _value(PAST_VALUE % i, io_dtype, (BATCH, num_kv_heads, PAST, head_size)),
+            )
+            for i in range(num_layers)
+        ]
+        return cls(
+            input_ids=_value("input_ids", np.int64, (BATCH, SEQUENCE)),
+            attention_mask=_value("attention_mask", np.int64, (BATCH, TOTAL)),
+            past=past,
+            io_dtype=np.dtype(io_dtype),
+            kv_dims=(num_kv_heads, head_size),
+        )
+
+    @property
+    def inputs(self) -> list[ir.Value]:
+        return [self.input_ids, self.attention_mask, *(v for kv in self.past for v in kv)]
+
+    def outputs(self, logits: ir.Value, vocab_size: int, presents: list[tuple[ir.Value, ir.Value]]) -> list[ir.Value]:
+        """Names and types the final values as the contract's outputs."""
+        logits.name = "logits"
+        logits.type = ir.TensorType(ir.DataType.from_numpy(logits_dtype(self.io_dtype)))
+        logits.shape = ir.Shape((BATCH, SEQUENCE, vocab_size))
+        heads, size = self.kv_dims
+        for i, (key, value) in enumerate(presents):
+            for v, pattern in ((key, PRESENT_KEY), (value, PRESENT_VALUE)):
+                v.name = pattern % i
+                v.type = ir.TensorType(ir.DataType.from_numpy(self.io_dtype))
+                v.shape = ir.Shape((BATCH, heads, TOTAL, size))
+        return [logits, *(v for kv in presents for v in kv)]
+
+
+def logits_dtype(io_dtype: np.dtype) -> np.dtype:
+    """fp16 models return fp16 logits; bf16 ones return fp32 (what onnxruntime-genai samples from)."""
+    return np.dtype(np.float16) if np.dtype(io_dtype) == np.float16 else np.dtype(np.float32)

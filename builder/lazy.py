@@ -1,0 +1,155 @@
+"""Lazy weights: a recipe (shape, dtype, a function) that yields its array only when written.
+
+A `Weight` starts as a source (a checkpoint tensor, a computed table) and grows by cheap, lazy
+steps: `transpose`, `astype`, `map` (an arbitrary numpy function such as Gemma's `1 + w`),
+`slice` and `concat`. Nothing runs until `numpy()` is called — which `to_ir` defers to the moment
+`ir.save` writes the tensor. Views (transpose, slices) cost nothing; the final copy into a
+contiguous array of the target dtype does the transpose and the cast in one pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import onnx_ir as ir
+
+# A step receives the ExitStack that owns any memory mappings and returns an array (maybe a view).
+Compute = Callable[[contextlib.ExitStack], np.ndarray]
+
+
+class Weight:
+    """An array described by its shape and dtype, computed on demand.
+
+    Example:
+        >>> w = Weight.constant(np.arange(6, dtype=np.float32).reshape(2, 3))
+        >>> w.transpose().astype(np.float16).shape
+        (3, 2)
+        >>> w.transpose().numpy().tolist()
+        [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]
+    """
+
+    __slots__ = ("shape", "dtype", "_compute", "sources")
+
+    def __init__(self, shape: Sequence[int], dtype: np.dtype | type, compute: Compute, sources: tuple[str, ...]):
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = np.dtype(dtype)
+        self._compute = compute
+        self.sources = sources  # checkpoint names it reads, for messages and build records
+
+    def __repr__(self) -> str:
+        return f"Weight({list(self.shape)}, {self.dtype.name}, from {', '.join(self.sources) or 'code'})"
+
+    @classmethod
+    def source(cls, shape: Sequence[int], dtype: np.dtype, open_view: Compute, name: str) -> Weight:
+        return cls(shape, dtype, open_view, (name,))
+
+    @classmethod
+    def constant(cls, array: np.ndarray) -> Weight:
+        return cls(array.shape, array.dtype, lambda _: array, ())
+
+    @classmethod
+    def computed(cls, shape: Sequence[int], dtype: np.dtype | type, fn: Callable[[], np.ndarray]) -> Weight:
+        """A table made by code (rotary caches): `fn` runs at write time, then its result is dropped."""
+        return cls(shape, dtype, lambda _: fn(), ())
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def transpose(self) -> Weight:
+        """Reverses a 2-D weight's axes: Hugging Face's [out, in] becomes MatMul's [in, out]."""
+        if len(self.shape) != 2:
+            raise ValueError(f"transpose expects a 2-D weight, got {self.shape}")
+        inner = self._compute
+        return Weight(self.shape[::-1], self.dtype, lambda s: inner(s).T, self.sources)
+
+    def astype(self, dtype: np.dtype | type) -> Weight:
+        dtype = np.dtype(dtype)
+        if dtype == self.dtype:
+            return self
+        inner = self._compute
+        # The cast itself happens in numpy() when the result is copied out, fused with the layout copy.
+        return Weight(self.shape, dtype, lambda s: _Cast(inner(s), dtype), self.sources)
+
+    def map(self, fn: Callable[[np.ndarray], np.ndarray], dtype: np.dtype | type | None = None) -> Weight:
+        """Applies a numpy function (same shape) at write time, e.g. `lambda w: w + 1`."""
+        inner = self._compute
+        out_dtype = np.dtype(dtype) if dtype is not None else self.dtype
+        return Weight(self.shape, out_dtype, lambda s: fn(_resolve(inner(s))), self.sources)
+
+    def slice(self, axis: int, start: int, stop: int) -> Weight:
+        """Rows or columns [start, stop) along `axis` (a view until written)."""
+        shape = list(self.shape)
+        if not 0 <= start < stop <= shape[axis]:
+            raise ValueError(f"slice [{start}, {stop}) out of range for axis {axis} of {self.shape}")
+        shape[axis] = stop - start
+        index = tuple(slice(start, stop) if a == axis else slice(None) for a in range(len(shape)))
+        inner = self._compute
+        return Weight(shape, self.dtype, lambda s: inner(s)[index], self.sources)
+
+    @staticmethod
+    def concat(weights: Sequence[Weight], axis: int = 0) -> Weight:
+        """Joins weights along `axis` (QKV fusion); they must share dtype and the other dims."""
+        first = weights[0]
+        if len(weights) == 1:
+            return first
+        shape = list(first.shape)
+        for w in weights[1:]:
+            if w.dtype != first.dtype or len(w.shape) != len(shape) or any(
+                a != b for i, (a, b) in enumerate(zip(w.shape, shape)) if i != axis % len(shape)
+            ):
+                raise ValueError(f"cannot concatenate {w} with {first} along axis {axis}")
+        shape[axis] = sum(w.shape[axis] for w in weights)
+        parts = [w._compute for w in weights]
+        return Weight(
+            shape,
+            first.dtype,
+            lambda s: np.concatenate([_resolve(p(s)) for p in parts], axis=axis),
+            tuple(n for w in weights for n in w.sources),
+        )
+
+    def numpy(self) -> np.ndarray:
+        """Runs the recipe: a C-contiguous array of `dtype` that owns its memory."""
+        with contextlib.ExitStack() as stack:
+            value = self._compute(stack)
+            if isinstance(value, _Cast):
+                value = value.array
+            out = np.empty(self.shape, self.dtype)
+            np.copyto(out, value, casting="unsafe")  # one pass: layout change and cast together
+            del value
+        return out
+
+    def to_ir(self, name: str) -> ir.LazyTensor:
+        """An `ir.LazyTensor` whose bytes are this recipe, computed when `ir.save` writes it."""
+        return ir.LazyTensor(
+            lambda: ir.Tensor(self.numpy(), name=name),
+            dtype=ir.DataType.from_numpy(self.dtype),
+            shape=ir.Shape(self.shape),
+            name=name,
+        )
+
+
+class _Cast:
+    """A pending cast: the array is still in its source dtype until `numpy()` copies it out."""
+
+    __slots__ = ("array", "dtype")
+
+    def __init__(self, array: np.ndarray, dtype: np.dtype):
+        self.array = array
+        self.dtype = dtype
+
+    @property
+    def T(self) -> _Cast:  # noqa: N802 - mirrors ndarray.T so views stay pending
+        return _Cast(self.array.T, self.dtype)
+
+    def __getitem__(self, index) -> _Cast:
+        return _Cast(self.array[index], self.dtype)
+
+
+def _resolve(value: np.ndarray | _Cast) -> np.ndarray:
+    """Materializes a pending cast when a step needs real values of the target dtype."""
+    if isinstance(value, _Cast):
+        return value.array.astype(value.dtype)
+    return value
