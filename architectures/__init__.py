@@ -7,6 +7,8 @@ from types import ModuleType
 
 from builder.errors import BuildError
 
+__all__ = ["ARCHITECTURES", "BuildError", "load"]
+
 ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "llama",

@@ -1,0 +1,96 @@
+"""Test helpers: tiny random Hugging Face checkpoints, building them with the CLI, running them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from builder.cli import main
+
+PROMPT = [5, 17, 33, 12, 99, 100, 7, 8, 61, 42]
+
+
+def make_checkpoint(folder: Path, config_class: str, seed: int = 0, dtype=None, **config) -> Path:
+    """Saves a randomly initialized transformers model (safetensors) into `folder`."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = getattr(transformers, config_class)(**config)
+    model = transformers.AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        # Random norm weights, so a norm that ignored its weight (or added 1 twice) would show.
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+    if dtype is not None:
+        model = model.to(dtype)
+    model.save_pretrained(folder)
+    return folder
+
+
+def build(source: Path, out: Path, *flags: str) -> Path:
+    rc = main(["-m", str(source), "-o", str(out), "-q", *flags])
+    assert rc == 0, f"build failed with exit code {rc}"
+    return out
+
+
+def reference(source: Path, ids: list[int], next_id: int | None = None):
+    """transformers' fp32 logits for a prefill of `ids`, then for one decode step of `next_id`."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    with torch.no_grad():
+        prefill = model(torch.tensor([ids]), use_cache=True)
+        logits = prefill.logits[0].numpy()
+        if next_id is None:
+            next_id = int(logits[-1].argmax())
+        step = model(torch.tensor([[next_id]]), past_key_values=prefill.past_key_values, use_cache=True)
+    return logits, step.logits[0].numpy(), next_id
+
+
+class OnnxDecoder:
+    """Runs a built model with ONNX Runtime's CPU provider: prefill, then decode steps with the KV it returns."""
+
+    def __init__(self, folder: Path):
+        import onnxruntime as ort
+
+        self.session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+        self.inputs = {i.name: i for i in self.session.get_inputs()}
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        key = self.inputs["past_key_values.0.key"]
+        self.layers = sum(1 for n in self.inputs if n.endswith(".key"))
+        self.kv_shape = (1, key.shape[1], 0, key.shape[3])
+        self.io_dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}[key.type]
+
+    def run(self, ids: list[int], past: dict | None, total: int) -> tuple[np.ndarray, dict]:
+        feed = {"input_ids": np.array([ids], np.int64), "attention_mask": np.ones((1, total), np.int64)}
+        for i in range(self.layers):
+            for kind in ("key", "value"):
+                feed[f"past_key_values.{i}.{kind}"] = (
+                    past[f"present.{i}.{kind}"] if past else np.zeros(self.kv_shape, self.io_dtype)
+                )
+        outs = dict(zip(self.output_names, self.session.run(None, feed)))
+        return outs["logits"][0].astype(np.float32), outs
+
+    def prefill_and_step(self, ids: list[int], next_id: int) -> tuple[np.ndarray, np.ndarray]:
+        prefill, present = self.run(ids, None, len(ids))
+        step, _ = self.run([next_id], present, len(ids) + 1)
+        return prefill, step
+
+
+def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
+    return float(np.abs(actual - expected).max() / np.abs(expected).max())
+
+
+def assert_parity(folder: Path, source: Path, tolerance: float, ids: list[int] = PROMPT) -> None:
+    """Prefill and one decode step agree with transformers within `tolerance` (relative max error),
+    and pick the same next token at every position."""
+    ref_prefill, ref_step, next_id = reference(source, ids)
+    prefill, step = OnnxDecoder(folder).prefill_and_step(ids, next_id)
+    for name, got, want in (("prefill", prefill, ref_prefill), ("decode", step, ref_step)):
+        err = relative_error(got, want)
+        assert err < tolerance, f"{name}: relative max error {err:.2e} >= {tolerance:.0e}"
+        assert (got.argmax(-1) == want.argmax(-1)).all(), f"{name}: argmax differs from transformers"

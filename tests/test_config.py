@@ -1,0 +1,69 @@
+"""config.json parsing resolves every form and missing key to what transformers' config classes give."""
+
+import pytest
+import transformers
+
+import architectures
+from architectures.llama import parse_config
+
+CASES = {
+    "llama-minimal": ("LlamaForCausalLM", {}),
+    "llama-old-rope": ("LlamaForCausalLM", dict(rope_theta=500000.0, rope_scaling=dict(type="linear", factor=2.0))),
+    "llama-rope-type": ("LlamaForCausalLM", dict(rope_theta=500000.0, rope_scaling=dict(
+        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=8192))),
+    "llama-rope-parameters": ("LlamaForCausalLM", dict(rope_parameters=dict(rope_type="yarn", rope_theta=1e6, factor=4.0))),
+    "llama-gqa-headdim": ("LlamaForCausalLM", dict(num_attention_heads=8, num_key_value_heads=2, head_dim=96, tie_word_embeddings=True)),
+    "mistral-minimal": ("MistralForCausalLM", {}),
+    "mistral-no-window": ("MistralForCausalLM", dict(sliding_window=None, rope_theta=1e6)),
+    "qwen2-minimal": ("Qwen2ForCausalLM", {}),
+    "qwen2-sliding": ("Qwen2ForCausalLM", dict(use_sliding_window=True, sliding_window=128, max_window_layers=20)),
+    "qwen2-yarn-old": ("Qwen2ForCausalLM", dict(rope_scaling=dict(type="yarn", factor=4.0, original_max_position_embeddings=32768))),
+    "qwen3-minimal": ("Qwen3ForCausalLM", {}),
+    "qwen3-explicit": ("Qwen3ForCausalLM", dict(head_dim=64, num_key_value_heads=4, eos_token_id=[1, 2], tie_word_embeddings=True)),
+}
+
+CONFIG_CLASSES = {
+    "LlamaForCausalLM": transformers.LlamaConfig,
+    "MistralForCausalLM": transformers.MistralConfig,
+    "Qwen2ForCausalLM": transformers.Qwen2Config,
+    "Qwen3ForCausalLM": transformers.Qwen3Config,
+}
+
+FIELDS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps",
+    "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id", "sliding_window",
+)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_matches_transformers_config(case):
+    arch, raw = CASES[case]
+    ours = parse_config(dict(raw, architectures=[arch]), arch)
+    theirs = CONFIG_CLASSES[arch](**raw)
+    for field in FIELDS:
+        expected = getattr(theirs, field, None)
+        if field == "head_dim" and expected is None:
+            expected = theirs.hidden_size // theirs.num_attention_heads
+        assert getattr(ours, field) == expected, f"{field}: {getattr(ours, field)!r} != {expected!r}"
+    expected_rope = {k: v for k, v in theirs.rope_parameters.items() if k != "type"}
+    assert {k: v for k, v in ours.rope_parameters.items() if k != "type"} == expected_rope
+    their_layers = getattr(theirs, "layer_types", None)
+    if their_layers is not None:
+        assert ours.layer_types == their_layers
+    elif getattr(theirs, "sliding_window", None) is None:
+        assert set(ours.layer_types) == {"full_attention"}
+    else:  # Mistral: the window applies to every layer
+        assert set(ours.layer_types) == {"sliding_attention"}
+    # o_proj bias: Qwen2 never has one; Llama and Qwen3 follow attention_bias.
+    assert (ours.attention_bias and arch != "Qwen2ForCausalLM") == bool(getattr(theirs, "attention_bias", False) and arch != "Qwen2ForCausalLM")
+
+
+def test_unknown_architecture_lists_supported():
+    with pytest.raises(architectures.BuildError) as e:
+        architectures.load("GPTNeoXForCausalLM")
+    message = str(e.value)
+    assert "GPTNeoXForCausalLM" in message
+    for name in architectures.ARCHITECTURES:
+        assert name in message

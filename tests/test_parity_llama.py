@@ -1,0 +1,55 @@
+"""Llama, Mistral, Qwen2, Qwen3: ONNX Runtime logits against transformers', prefill and decode."""
+
+import pytest
+import torch
+
+from conftest import TINY
+from helpers import assert_parity, build, make_checkpoint
+
+VARIANTS = {
+    "llama": ("LlamaConfig", {}),
+    "llama-tied": ("LlamaConfig", dict(tie_word_embeddings=True)),
+    "llama-bias": ("LlamaConfig", dict(attention_bias=True)),
+    "llama3-rope": ("LlamaConfig", dict(rope_parameters=dict(
+        rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=32))),
+    "linear-rope": ("LlamaConfig", dict(rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=4.0))),
+    "yarn-rope": ("LlamaConfig", dict(rope_parameters=dict(
+        rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=32))),
+    "mistral": ("MistralConfig", dict(sliding_window=None)),
+    # A window shorter than the prompt: GroupQueryAttention's local_window_size must cut the same
+    # keys as transformers' sliding-window mask, in the prefill and in the decode step.
+    "mistral-window": ("MistralConfig", dict(sliding_window=4)),
+    "qwen2-window": ("Qwen2Config", dict(use_sliding_window=True, sliding_window=3, max_window_layers=1)),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen3-tied": ("Qwen3Config", dict(head_dim=32, tie_word_embeddings=True)),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def variant(request, tmp_path_factory):
+    config_class, overrides = VARIANTS[request.param]
+    return make_checkpoint(tmp_path_factory.mktemp(request.param), config_class, **{**TINY, **overrides})
+
+
+def test_fp32_matches_transformers(variant, tmp_path):
+    # fp32 end to end: only summation order differs from torch.
+    assert_parity(build(variant, tmp_path / "out", "-p", "fp32"), variant, tolerance=1e-4)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3-tied"])
+def test_fp16_matches_transformers(name, tmp_path):
+    # fp16 weights and activations against the fp32 reference: each op rounds to an 11-bit
+    # mantissa (relative step 2^-11 ≈ 4.9e-4); through two layers, attention and the lm_head
+    # the logits' error stays a few steps, so 1e-2 of the largest logit is a wide but still
+    # meaningful bound (a wrong rotary or norm gives errors of order 1).
+    config_class, overrides = VARIANTS[name]
+    source = make_checkpoint(tmp_path / "src", config_class, **{**TINY, **overrides})
+    assert_parity(build(source, tmp_path / "out", "-p", "fp16"), source, tolerance=1e-2)
+
+
+def test_bf16_checkpoint_builds_fp32_exactly(tmp_path):
+    # A bf16 checkpoint (as most hub models are) widened to fp32 must give transformers' fp32
+    # results on the same bf16 values.
+    source = make_checkpoint(tmp_path / "src", "LlamaConfig", dtype=torch.bfloat16, **TINY)
+    assert_parity(build(source, tmp_path / "out", "-p", "fp32"), source, tolerance=1e-4)
