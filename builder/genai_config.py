@@ -54,17 +54,11 @@ def genai_config(info: DecoderInfo, target: Target, generation: dict[str, Any], 
         "num_hidden_layers": info.num_layers,
         "num_key_value_heads": info.num_kv_heads,
     }
-    if info.sliding_window_layers:
-        decoder["sliding_window"] = {
-            "window_size": info.sliding_window,
-            "slide_key_value_cache": False,
-            "slide_inputs": False,
-            "layers": info.sliding_window_layers,
-        }
     search = {k: generation.get(k, v) if generation.get(k) is not None else v for k, v in SEARCH_DEFAULTS.items()}
+    model: dict[str, Any] = {} if bos is None else {"bos_token_id": bos}  # genai rejects a null id
     return {
         "model": {
-            "bos_token_id": bos,
+            **model,
             "context_length": info.context_length,
             "decoder": decoder,
             "eos_token_id": eos if len(eos) != 1 else eos[0],
