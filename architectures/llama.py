@@ -23,6 +23,7 @@ from builder.blocks import (
     rms_norm,
     self_attention,
     skip_rms_norm,
+    tied_quantized_lm_head,
 )
 from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
@@ -152,8 +153,15 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: LlamaConfig, target: Tar
     shared = attention_inputs(g, io.attention_mask, cos, sin)
 
     embed = w("model.embed_tokens.weight", V, H)
+    if c.tie_word_embeddings:
+        head = embed
+        if "lm_head.weight" in ckpt:
+            ckpt.consume("lm_head.weight")  # transformers ties it to the embedding and ignores it
+    else:
+        head = w("lm_head.weight", V, H)
+    shared_head = tied_quantized_lm_head(g, head, target) if c.tie_word_embeddings else None
     with g.scope("model", "embed_tokens"):
-        x = embedding(g, io.input_ids, embed, target)
+        x = embedding(g, io.input_ids, embed, target, quantized=shared_head)
 
     residual, presents, mlp_out = x, [], None
     for i in range(c.num_hidden_layers):
@@ -192,13 +200,7 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: LlamaConfig, target: Tar
 
     with g.scope("model", "norm"):
         h, _ = skip_rms_norm(g, mlp_out, residual, w("model.norm.weight", H), c.rms_norm_eps, target)
-    if c.tie_word_embeddings:
-        head = embed
-        if "lm_head.weight" in ckpt:
-            ckpt.consume("lm_head.weight")  # transformers ties it to the embedding and ignores it
-    else:
-        head = w("lm_head.weight", V, H)
-    logits = lm_head(g, h, head, target)
+    logits = lm_head(g, h, head, target, quantized=shared_head)
     return logits, presents
 
 

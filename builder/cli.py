@@ -23,6 +23,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--precision", choices=PRECISIONS, default=DEFAULT_PRECISION)
     p.add_argument("-e", "--execution-provider", choices=EXECUTION_PROVIDERS, default="cpu")
     p.add_argument("--revision", help="hub revision (branch, tag or commit)")
+    q = p.add_argument_group("int4 / int8 quantization")
+    q.add_argument("--block-size", type=int, default=32, help="elements of K per scale: 16, 32, 64, 128, 256 (default 32)")
+    q.add_argument("--asymmetric", action="store_true", help="per-block zero points (default: symmetric)")
+    q.add_argument("--accuracy-level", type=int, help="MatMulNBits accuracy_level 0-4 (default: 4 on cpu, 0 on cuda)")
+    q.add_argument("--exclude-lm-head", action="store_true", help="keep lm_head in float")
+    q.add_argument("--quantize-embeddings", action="store_true", help="quantize an untied embedding table too")
+    q.add_argument("--float-layers", action="append", default=[], metavar="PATTERN",
+                   help="module paths to keep in float, fnmatch style (e.g. 'model.layers.0.*'); repeatable")
     p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output folder")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -50,6 +58,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             execution_provider=args.execution_provider,
             overwrite=args.overwrite,
             revision=args.revision,
+            block_size=args.block_size,
+            symmetric=not args.asymmetric,
+            accuracy_level=args.accuracy_level,
+            exclude_lm_head=args.exclude_lm_head,
+            quantize_embeddings=args.quantize_embeddings,
+            float_layers=tuple(args.float_layers),
         )
         out = build(options, progress=not args.quiet)
     except BuildError as e:

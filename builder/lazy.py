@@ -10,6 +10,7 @@ contiguous array of the target dtype does the transpose and the cast in one pass
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -121,6 +122,13 @@ class Weight:
             del value
         return out
 
+    def apply(self, fn: Callable[[np.ndarray], np.ndarray]):
+        """Runs `fn` on the recipe's value while its mappings are open (for consumers, such as the
+        quantizer, that read a large source chunk by chunk instead of copying it whole).
+        `fn` must return arrays that own their memory."""
+        with contextlib.ExitStack() as stack:
+            return fn(self._compute(stack))
+
     def to_ir(self, name: str) -> ir.LazyTensor:
         """An `ir.LazyTensor` whose bytes are this recipe, computed when `ir.save` writes it."""
         return ir.LazyTensor(
@@ -141,6 +149,14 @@ class _Cast:
         self.dtype = dtype
 
     @property
+    def shape(self) -> tuple[int, ...]:
+        return self.array.shape
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = self.array.astype(self.dtype)
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    @property
     def T(self) -> _Cast:  # noqa: N802 - mirrors ndarray.T so views stay pending
         return _Cast(self.array.T, self.dtype)
 
@@ -153,3 +169,35 @@ def _resolve(value: np.ndarray | _Cast) -> np.ndarray:
     if isinstance(value, _Cast):
         return value.array.astype(value.dtype)
     return value
+
+
+class SharedResult:
+    """One computation feeding several lazy tensors (a quantized weight's data, scales and zero
+    points): whichever tensor the writer asks for first runs it; each part is dropped once taken."""
+
+    def __init__(self, compute: Callable[[], dict[str, np.ndarray]]):
+        self._compute = compute
+        self._lock = threading.Lock()
+        self._parts: dict[str, np.ndarray] | None = None
+        self._taken: set[str] = set()
+
+    def take(self, part: str) -> np.ndarray:
+        with self._lock:
+            if part in self._taken:
+                raise RuntimeError(f"part {part!r} of a shared lazy result was already written")
+            if self._parts is None:
+                self._parts = self._compute()
+            self._taken.add(part)
+            value = self._parts.pop(part)
+            if not self._parts:
+                self._parts = None  # a later writer of the same model recomputes from scratch
+                self._taken.clear()
+            return value
+
+    def tensor(self, part: str, shape: Sequence[int], dtype: np.dtype | type, name: str) -> ir.LazyTensor:
+        return ir.LazyTensor(
+            lambda: ir.Tensor(self.take(part), name=name),
+            dtype=ir.DataType.from_numpy(np.dtype(dtype)),
+            shape=ir.Shape(shape),
+            name=name,
+        )

@@ -2,9 +2,40 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import fnmatch
+from dataclasses import dataclass, field
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """Block-wise weight quantization of linear layers into com.microsoft::MatMulNBits.
+
+    Attributes:
+        bits: 4 or 8.
+        block_size: elements of K sharing one scale (16, 32, 64, 128, 256).
+        symmetric: no zero points (ONNX Runtime's default) or per-block zero points.
+        accuracy_level: MatMulNBits' compute type (0 unset, 1 fp32, 2 fp16, 3 bf16, 4 int8).
+        lm_head: quantize the output projection too.
+        embeddings: quantize the embedding table when it is not tied to lm_head (tied ones share
+            lm_head's quantized matrix whenever lm_head is quantized to 4 bits).
+        float_layers: fnmatch patterns of module paths kept in float (`model.layers.0.*`, `*.down_proj`).
+    """
+
+    bits: int = 4
+    block_size: int = 32
+    symmetric: bool = True
+    accuracy_level: int = 4
+    lm_head: bool = True
+    embeddings: bool = False
+    float_layers: tuple[str, ...] = field(default_factory=tuple)
+
+    def applies_to(self, module: str) -> bool:
+        """Whether the linear layer at `module` (dotted Hugging Face path) is quantized."""
+        if module == "lm_head" and not self.lm_head:
+            return False
+        return not any(fnmatch.fnmatchcase(module, p) for p in self.float_layers)
 
 
 @dataclass(frozen=True)
@@ -14,7 +45,12 @@ class Target:
     Attributes:
         io_dtype: dtype of activations, KV cache and float weights (float32, float16 or bfloat16).
         execution_provider: "cpu" or "cuda".
+        quantization: how linear layers are quantized, or None for float weights.
     """
 
     io_dtype: np.dtype
     execution_provider: str = "cpu"
+    quantization: Quantization | None = None
+
+    def quantizes(self, module: str) -> bool:
+        return self.quantization is not None and self.quantization.applies_to(module)

@@ -46,7 +46,7 @@ def test_output_folder_contents_and_genai_config(tiny_llama, tmp_path, capsys):
 
 def test_graph_uses_fused_ops_and_module_path_names(tiny_llama, tmp_path):
     out = tmp_path / "out"
-    assert main(["-m", str(tiny_llama), "-o", str(out), "-q"]) == 0
+    assert main(["-m", str(tiny_llama), "-o", str(out), "-q", "-p", "fp32"]) == 0
     model = onnx.load(out / "model.onnx", load_external_data=False)
     ops = [n.op_type for n in model.graph.node]
     assert ops.count("GroupQueryAttention") == 2
@@ -152,4 +152,4 @@ def test_input_flag_reads_local_folder_named_by_model(tiny_llama, tmp_path, caps
     monkeypatch.chdir(tmp_path)
     rc, err = run(capsys, "-m", "meta-llama/Llama-3.2-1B", "-i", str(tiny_llama), "-q")
     assert rc == 0, err
-    assert (tmp_path / "Llama-3.2-1B-fp32-cpu" / "model.onnx").is_file()
+    assert (tmp_path / "Llama-3.2-1B-int4-cpu" / "model.onnx").is_file()

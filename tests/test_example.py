@@ -25,7 +25,7 @@ def test_script_regenerates_the_shipped_files(tmp_path):
 def test_example_builds_and_chats_through_genai(tmp_path):
     import onnxruntime_genai as og
 
-    out = build(EXAMPLE, tmp_path / "out")  # bf16 weights widened to fp32
+    out = build(EXAMPLE, tmp_path / "out", "-p", "fp32")  # bf16 weights widened to fp32
     assert_parity(out, EXAMPLE, tolerance=1e-4)
     model = og.Model(str(out))
     tokenizer = og.Tokenizer(model)

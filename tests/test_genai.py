@@ -39,7 +39,7 @@ def transformers_greedy(source, ids):
 def test_genai_greedy_matches_transformers(tmp_path, config_class, overrides):
     # eos 255: a token these seeded random models do not emit early, so the sequences are long.
     source = make_checkpoint(tmp_path / "src", config_class, **{**TINY, "eos_token_id": 255, **overrides})
-    out = build(source, tmp_path / "out")
+    out = build(source, tmp_path / "out", "-p", "fp32")
     expected = transformers_greedy(source, PROMPT)
     assert len(expected) > len(PROMPT) + 5, "the reference stopped too early to prove anything"
     assert genai_greedy(out, PROMPT) == expected

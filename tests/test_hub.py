@@ -30,7 +30,7 @@ def test_hub_id_builds_from_cache_offline(tiny_llama, tmp_path):
     env = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
     r = run_builder(env, "-m", "tiny-org/tiny-llama", "-q", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / "tiny-llama-fp32-cpu" / "model.onnx").is_file()
+    assert (tmp_path / "tiny-llama-int4-cpu" / "model.onnx").is_file()
 
 
 def test_uncached_id_offline_is_one_line(tmp_path):

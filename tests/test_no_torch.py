@@ -19,7 +19,7 @@ sys.exit(rc)
 
 def test_build_without_torch(tiny_llama, tmp_path):
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-c", SCRIPT, "-m", str(tiny_llama), "-o", str(out), "-q"],
+    r = subprocess.run([sys.executable, "-c", SCRIPT, "-m", str(tiny_llama), "-o", str(out), "-q", "-p", "fp32"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert_parity(out, tiny_llama, tolerance=1e-4)

@@ -2,8 +2,8 @@
 
 from builder.blocks.attention import AttentionInputs, AttentionSpec, AttentionWeights, attention_inputs, self_attention
 from builder.blocks.embedding import embedding
-from builder.blocks.linear import linear
-from builder.blocks.lm_head import lm_head
+from builder.blocks.linear import QuantizedValues, linear, quantized_weight
+from builder.blocks.lm_head import lm_head, tied_quantized_lm_head
 from builder.blocks.mlp import activation, gated_mlp
 from builder.blocks.norm import rms_norm, skip_rms_norm
 from builder.blocks.rope import Rope
@@ -12,6 +12,7 @@ __all__ = [
     "AttentionInputs",
     "AttentionSpec",
     "AttentionWeights",
+    "QuantizedValues",
     "Rope",
     "activation",
     "attention_inputs",
@@ -19,7 +20,9 @@ __all__ = [
     "gated_mlp",
     "linear",
     "lm_head",
+    "quantized_weight",
     "rms_norm",
     "self_attention",
     "skip_rms_norm",
+    "tied_quantized_lm_head",
 ]

@@ -1,20 +1,47 @@
-"""Token embedding lookup."""
+"""Token embedding lookup: a float table, or rows gathered straight from a 4-bit quantized matrix."""
 
 from __future__ import annotations
 
 import onnx_ir as ir
 
+from builder.blocks.linear import QuantizedValues, quantized_weight
 from builder.graph import Graph
 from builder.lazy import Weight
 from builder.target import Target
 
 
-def embedding(g: Graph, input_ids: ir.Value, weight: Weight, target: Target, scale: float | None = None) -> ir.Value:
+def embedding(
+    g: Graph, input_ids: ir.Value, weight: Weight, target: Target,
+    scale: float | None = None, quantized: QuantizedValues | None = None,
+) -> ir.Value:
     """Gathers rows of the [vocab, hidden] matrix; `scale` multiplies the result (Gemma's √hidden).
 
-    The scale is rounded to the IO dtype first, as Hugging Face does with its `normalizer` buffer.
+    `quantized` (a tied lm_head's 4-bit matrix) makes the lookup a GatherBlockQuantized over it;
+    with Quantization.embeddings set, an untied table is quantized for the lookup alone. The scale
+    is rounded to the IO dtype first, as Hugging Face does with its `normalizer` buffer.
     """
-    x = g.op.Gather(g.weight("weight", weight.astype(target.io_dtype)), input_ids, axis=0)
+    q = target.quantization
+    if quantized is None and q is not None and q.embeddings and q.bits == 4:
+        quantized = quantized_weight(g, weight, q, target.io_dtype)
+    if quantized is not None:
+        x = _gather_quantized(g, input_ids, quantized, target)
+    else:
+        x = g.op.Gather(g.weight("weight", weight.astype(target.io_dtype)), input_ids, axis=0)
     if scale is not None:
         x = g.op.Mul(x, g.constant(scale, target.io_dtype))
+    return x
+
+
+def _gather_quantized(g: Graph, input_ids: ir.Value, m: QuantizedValues, target: Target) -> ir.Value:
+    q = target.quantization
+    k_blocks = -(-m.k // q.block_size)
+    padded = k_blocks * q.block_size
+    # MatMulNBits' B [N, k_blocks, block_size/2] holds the same bytes as rows of [N, padded/2].
+    data = g.op.Reshape(m.data, g.constant([m.n, padded * q.bits // 8], "int64"))
+    x = g.ms.GatherBlockQuantized(
+        data, input_ids, m.scales, m.zero_points,
+        bits=q.bits, block_size=q.block_size, gather_axis=0, quantize_axis=1,
+    )  # (B, S, padded)
+    if padded != m.k:
+        x = g.op.Slice(x, g.constant([0], "int64"), g.constant([m.k], "int64"), g.constant([-1], "int64"))
     return x

@@ -1,18 +1,87 @@
-"""Linear layers: y = x · Wᵀ (+ b), from a weight in Hugging Face's [out_features, in_features] layout."""
+"""Linear layers: y = x · Wᵀ (+ b), from a weight in Hugging Face's [out_features, in_features] layout.
+
+In float, a MatMul against the transposed weight. Quantized, a com.microsoft::MatMulNBits whose
+B, scales and zero points come out of one quantization of the checkpoint's own values, run when
+the writer reaches them.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import onnx_ir as ir
 
 from builder.graph import Graph
-from builder.lazy import Weight
-from builder.target import Target
+from builder.lazy import SharedResult, Weight
+from builder.quantize import packed_shapes, quantize
+from builder.target import Quantization, Target
 
 
-def linear(g: Graph, x: ir.Value, weight: Weight, target: Target, bias: Weight | None = None) -> ir.Value:
-    """MatMul against the transposed weight (written once, transposed and cast in one pass)."""
-    w = g.weight("weight", weight.transpose().astype(target.io_dtype))  # [out, in] -> [in, out]
-    y = g.op.MatMul(x, w)
+@dataclass(frozen=True)
+class QuantizedValues:
+    """The initializers of one quantized matrix, for MatMulNBits or GatherBlockQuantized."""
+
+    data: ir.Value  # uint8 [N, k_blocks, block_size·bits/8]
+    scales: ir.Value  # io dtype [N, k_blocks]
+    zero_points: ir.Value | None  # uint8 [N, ceil(k_blocks·bits/8)]
+    n: int
+    k: int
+
+
+def module_name(g: Graph) -> str:
+    """The dotted Hugging Face module path of the current scope (`model.layers.0.mlp.down_proj`)."""
+    return g.path.strip("/").replace("/", ".")
+
+
+def quantized_weight(g: Graph, weight: Weight, q: Quantization, scale_dtype: np.dtype) -> QuantizedValues:
+    """Registers B, scales (and zero points) as lazy initializers sharing one quantization."""
+    n, k = weight.shape
+    data_shape, scales_shape, zp_shape = packed_shapes(n, k, q.bits, q.block_size)
+
+    def compute() -> dict[str, np.ndarray]:
+        m = weight.apply(lambda rows: quantize(rows, q.bits, q.block_size, q.symmetric, scale_dtype))
+        parts = {"data": m.data, "scales": m.scales}
+        if m.zero_points is not None:
+            parts["zero_points"] = m.zero_points
+        return parts
+
+    shared = SharedResult(compute)
+    prefix = ".".join(g.path.strip("/").split("/"))
+
+    def register(part: str, shape, dtype) -> ir.Value:
+        name = f"{prefix}.{part}"
+        return g.tape.initializer(shared.tensor(part, shape, dtype, name), name=name)
+
+    return QuantizedValues(
+        data=register("data", data_shape, np.uint8),
+        scales=register("scales", scales_shape, scale_dtype),
+        zero_points=None if q.symmetric else register("zero_points", zp_shape, np.uint8),
+        n=n,
+        k=k,
+    )
+
+
+def linear(
+    g: Graph,
+    x: ir.Value,
+    weight: Weight,
+    target: Target,
+    bias: Weight | None = None,
+    quantized: QuantizedValues | None = None,
+) -> ir.Value:
+    """x · Wᵀ (+ b). `quantized` reuses initializers already registered for this weight (tied lm_head)."""
+    if quantized is None and target.quantizes(module_name(g)):
+        quantized = quantized_weight(g, weight, target.quantization, target.io_dtype)
+    if quantized is not None:
+        q = target.quantization
+        y = g.ms.MatMulNBits(
+            x, quantized.data, quantized.scales, quantized.zero_points,
+            K=quantized.k, N=quantized.n, bits=q.bits, block_size=q.block_size, accuracy_level=q.accuracy_level,
+        )
+    else:
+        w = g.weight("weight", weight.transpose().astype(target.io_dtype))  # [out, in] -> [in, out]
+        y = g.op.MatMul(x, w)
     if bias is not None:
         y = g.op.Add(y, g.weight("bias", bias.astype(target.io_dtype)))
     return y

@@ -1,0 +1,139 @@
+"""Block-wise round-to-nearest quantization into MatMulNBits' layout, in numpy, bit-exact with
+ONNX Runtime's own quantizer (MLAS `BlockwiseQuantizer`, used by `MatMulNBitsQuantizer`).
+
+For a weight W [N, K] (Hugging Face's [out, in]: no transpose), each row is cut into blocks of
+`block_size` along K (the last one zero-padded). Per block, in float32:
+
+- symmetric: m = the value of largest magnitude (the more negative one on a tie);
+  scale = −m / 2^(bits−1); zero point 2^(bits−1) (implicit, not stored).
+- asymmetric: lo = min(min, 0), hi = max(max, 0); scale = (hi − lo) / (2^bits − 1);
+  zero point = clamp(round(−lo / scale), 0, 2^bits − 1).
+
+The scale is stored in the scales' dtype, and the values are quantized against that stored scale:
+q = clamp(round(w · (1 / scale) + zp), 0, 2^bits − 1), `round` halving away from zero (C's roundf).
+4-bit values pack two per byte along K, element 2j in the low nibble; the padding past K holds
+code 0. Zero points pack the same way along the blocks of a row, an odd count padded with the
+nibble 8 as ONNX Runtime writes it. (For an odd K, ONNX Runtime's last high nibble is whatever its
+loop left there; we write 0. Hidden sizes are even, so real models never meet this.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+BLOCK_SIZES = (16, 32, 64, 128, 256)
+BITS = (4, 8)
+# Rows quantized at a time: bounds the float32 temporaries to a few MB per row-chunk.
+ROW_CHUNK_ELEMENTS = 1 << 22
+
+
+@dataclass(frozen=True)
+class QuantizedMatrix:
+    """MatMulNBits' B [N, k_blocks, block_size·bits/8] uint8, scales [N, k_blocks], zero points."""
+
+    data: np.ndarray
+    scales: np.ndarray
+    zero_points: np.ndarray | None
+
+
+def packed_shapes(n: int, k: int, bits: int, block_size: int) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """Shapes of (B, scales, zero_points) for a [N, K] weight."""
+    k_blocks = -(-k // block_size)
+    return (n, k_blocks, block_size * bits // 8), (n, k_blocks), (n, -(-k_blocks * bits // 8))
+
+
+def round_half_away(x: np.ndarray) -> np.ndarray:
+    """C's roundf: halves go away from zero (numpy's rint goes to even). Exact in float32."""
+    t = np.trunc(x)
+    return np.where(np.abs(x - t) >= 0.5, t + np.sign(x), t)
+
+
+def _quantize_rows(w: np.ndarray, bits: int, block_size: int, symmetric: bool, scale_dtype: np.dtype):
+    """Quantizes float32 rows [n, K]; returns (codes uint8 [n, kb, bs], scales, zero points uint8 [n, kb])."""
+    n, k = w.shape
+    k_blocks = -(-k // block_size)
+    if k_blocks * block_size != k:
+        w = np.pad(w, ((0, 0), (0, k_blocks * block_size - k)))
+    blocks = w.reshape(n, k_blocks, block_size)
+    lo, hi = blocks.min(axis=2), blocks.max(axis=2)
+    top = np.float32((1 << bits) - 1)
+    if symmetric:
+        m = np.where(np.abs(hi) > np.abs(lo), hi, lo)
+        scales = (-m / np.float32(1 << (bits - 1))).astype(scale_dtype)
+        zp = np.full((n, k_blocks), 1 << (bits - 1), np.float32)
+    else:
+        lo, hi = np.minimum(lo, 0), np.maximum(hi, 0)
+        scale = (hi - lo) / top
+        with np.errstate(divide="ignore", invalid="ignore"):
+            zp_f = np.where(scale != 0, np.float32(0) - lo / scale, lo)
+        zp = np.where(zp_f < 0, 0, np.where(zp_f > top, top, round_half_away(zp_f))).astype(np.float32)
+        scales = scale.astype(scale_dtype)
+    stored = scales.astype(np.float32)
+    with np.errstate(divide="ignore"):
+        reciprocal = np.where(stored != 0, np.float32(1) / stored, np.float32(0)).astype(np.float32)
+    codes = blocks * reciprocal[:, :, None]
+    codes += zp[:, :, None]
+    codes = np.clip(round_half_away(codes), 0, top).astype(np.uint8)
+    if k_blocks * block_size != k:
+        # ONNX Runtime leaves the padding's codes at 0. (Zero padding cannot change a block's
+        # scale: min(·, 0) / max(·, 0) and the largest magnitude ignore added zeros.)
+        codes.reshape(n, -1)[:, k:] = 0
+    return codes, scales, zp.astype(np.uint8)
+
+
+def _pack(values: np.ndarray, bits: int, pad_value: int) -> np.ndarray:
+    """Packs uint8 values along the last axis, 8/bits per byte, low bits first."""
+    if bits == 8:
+        return values
+    if values.shape[-1] % 2:
+        values = np.concatenate([values, np.full((*values.shape[:-1], 1), pad_value, np.uint8)], axis=-1)
+    return values[..., 0::2] | (values[..., 1::2] << 4)
+
+
+def quantize(rows, bits: int = 4, block_size: int = 32, symmetric: bool = True,
+             scale_dtype: np.dtype | type = np.float32) -> QuantizedMatrix:
+    """Quantizes a [N, K] weight (any float dtype; arithmetic in float32), a chunk of rows at a time.
+
+    Example:
+        >>> q = quantize(np.linspace(-1, 1, 64, dtype=np.float32).reshape(2, 32))
+        >>> q.data.shape, q.scales.shape, q.zero_points
+        ((2, 1, 16), (2, 1), None)
+    """
+    if bits not in BITS:
+        raise ValueError(f"bits must be one of {BITS}, got {bits}")
+    if block_size not in BLOCK_SIZES:
+        raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {block_size}")
+    n, k = rows.shape
+    data_shape, scales_shape, zp_shape = packed_shapes(n, k, bits, block_size)
+    data = np.empty(data_shape, np.uint8)
+    scales = np.empty(scales_shape, scale_dtype)
+    zero_points = None if symmetric else np.empty(zp_shape, np.uint8)
+    step = max(1, ROW_CHUNK_ELEMENTS // max(k, 1))
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        chunk = np.asarray(rows[start:stop], dtype=np.float32)
+        codes, s, zp = _quantize_rows(chunk, bits, block_size, symmetric, np.dtype(scale_dtype))
+        data[start:stop] = _pack(codes, bits, 0)
+        scales[start:stop] = s
+        if zero_points is not None:
+            zero_points[start:stop] = _pack(zp, bits, 1 << (bits - 1))
+    return QuantizedMatrix(data, scales, zero_points)
+
+
+def dequantize(q: QuantizedMatrix, k: int, bits: int = 4) -> np.ndarray:
+    """float32 [N, K] from a QuantizedMatrix: (code − zero point) · scale (for tests and checks)."""
+    n, k_blocks, _ = q.data.shape
+    if bits == 4:
+        codes = np.stack([q.data & 0x0F, q.data >> 4], axis=-1).reshape(n, k_blocks, -1)
+    else:
+        codes = q.data
+    if q.zero_points is None:
+        zp = np.full((n, k_blocks), 1 << (bits - 1), np.float32)
+    elif bits == 4:
+        zp = np.stack([q.zero_points & 0x0F, q.zero_points >> 4], axis=-1).reshape(n, -1)[:, :k_blocks]
+    else:
+        zp = q.zero_points
+    w = (codes.astype(np.float32) - zp[:, :, None].astype(np.float32)) * q.scales.astype(np.float32)[:, :, None]
+    return w.reshape(n, -1)[:, :k]
