@@ -25,8 +25,8 @@ import numpy as np
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 BITS = (4, 8)
-# Rows quantized at a time: bounds the float32 temporaries to a few MB per row-chunk.
-ROW_CHUNK_ELEMENTS = 1 << 22
+# Elements quantized at a time (whole rows): bounds the float32 temporaries to ~4 MB each.
+ROW_CHUNK_ELEMENTS = 1 << 20
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,164 @@
+"""Writes a random-weight checkpoint with the exact config, tensor names, shapes and dtype of a
+named hub model, streamed to disk shard by shard (no torch, memory bounded by one chunk).
+
+    python scripts/make_synthetic_checkpoint.py Llama-3.2-1B /data/llama-3.2-1b
+    python scripts/make_synthetic_checkpoint.py --list
+
+The values are random (normal, std 0.02; norm weights near their trained scale) so builds and
+benchmarks exercise real arithmetic, but they are not a usable model. Tensors are written in
+bfloat16, as the hub checkpoints are; shards hold at most 5 GB, with model.safetensors.index.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import struct
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+SHARD_BYTES = 5 * 10**9
+CHUNK_ELEMENTS = 1 << 24  # 32 MB of bf16 per write
+
+LLAMA_3_2_1B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256, "hidden_size": 2048,
+    "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "head_dim": 64, "hidden_act": "silu", "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0, "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192, "rope_type": "llama3"}, "tie_word_embeddings": True,
+    "attention_bias": False, "mlp_bias": False, "bos_token_id": 128000, "eos_token_id": 128001,
+    "torch_dtype": "bfloat16",
+}
+LLAMA_3_1_8B = {
+    **LLAMA_3_2_1B, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "head_dim": 128,
+    "rope_scaling": {**LLAMA_3_2_1B["rope_scaling"], "factor": 8.0}, "tie_word_embeddings": False,
+}
+QWEN3_0_6B = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024,
+    "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+    "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000, "tie_word_embeddings": True, "attention_bias": False, "bos_token_id": 151643,
+    "eos_token_id": 151645, "torch_dtype": "bfloat16",
+}
+
+PRESETS: dict[str, dict] = {
+    "Llama-3.2-1B": LLAMA_3_2_1B,
+    "Llama-3.1-8B": LLAMA_3_1_8B,
+    "Qwen3-0.6B": QWEN3_0_6B,
+}
+
+
+def llama_tensors(c: dict, prefix: str = "") -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Names and shapes of a Llama-family checkpoint (Llama, Mistral, Qwen2, Qwen3)."""
+    H, I, V = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    D = c.get("head_dim") or H // c["num_attention_heads"]
+    q, kv = c["num_attention_heads"] * D, c.get("num_key_value_heads", c["num_attention_heads"]) * D
+    qwen2, qwen3 = c["model_type"] == "qwen2", c["model_type"] == "qwen3"
+    yield f"{prefix}model.embed_tokens.weight", (V, H)
+    for i in range(c["num_hidden_layers"]):
+        p = f"{prefix}model.layers.{i}."
+        yield p + "input_layernorm.weight", (H,)
+        yield p + "self_attn.q_proj.weight", (q, H)
+        yield p + "self_attn.k_proj.weight", (kv, H)
+        yield p + "self_attn.v_proj.weight", (kv, H)
+        if qwen2 or c.get("attention_bias"):
+            yield p + "self_attn.q_proj.bias", (q,)
+            yield p + "self_attn.k_proj.bias", (kv,)
+            yield p + "self_attn.v_proj.bias", (kv,)
+        yield p + "self_attn.o_proj.weight", (H, q)
+        if c.get("attention_bias") and not qwen2:
+            yield p + "self_attn.o_proj.bias", (H,)
+        if qwen3:
+            yield p + "self_attn.q_norm.weight", (D,)
+            yield p + "self_attn.k_norm.weight", (D,)
+        yield p + "post_attention_layernorm.weight", (H,)
+        yield p + "mlp.gate_proj.weight", (I, H)
+        yield p + "mlp.up_proj.weight", (I, H)
+        yield p + "mlp.down_proj.weight", (H, I)
+    yield f"{prefix}model.norm.weight", (H,)
+    if not c.get("tie_word_embeddings"):
+        yield f"{prefix}lm_head.weight", (V, H)
+
+
+TENSORS = {"llama": llama_tensors, "mistral": llama_tensors, "qwen2": llama_tensors, "qwen3": llama_tensors}
+
+
+def _values(name: str, count: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+    """Random bf16 values for a tensor, a chunk at a time."""
+    is_norm = name.endswith("norm.weight")
+    for start in range(0, count, CHUNK_ELEMENTS):
+        n = min(CHUNK_ELEMENTS, count - start)
+        x = rng.standard_normal(n, dtype=np.float32)
+        x = 1.0 + 0.1 * x if is_norm else 0.02 * x
+        yield x.astype(ml_dtypes.bfloat16)
+
+
+def write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...]]], rng: np.random.Generator) -> None:
+    header, offset = {}, 0
+    for name, shape in tensors:
+        nbytes = int(np.prod(shape)) * 2
+        header[name] = {"dtype": "BF16", "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    header["__metadata__"] = {"format": "pt"}
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # keep the data 8-byte aligned, as safetensors writers do
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)))
+        f.write(raw)
+        for name, shape in tensors:
+            for chunk in _values(name, int(np.prod(shape)), rng):
+                chunk.tofile(f)
+
+
+def write_checkpoint(folder: Path, config: dict, seed: int = 0, shard_bytes: int = SHARD_BYTES) -> int:
+    """Writes config.json and the shards; returns the bytes of weights written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = list(TENSORS[config["model_type"]](config))
+    shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+    size = 0
+    for name, shape in tensors:
+        nbytes = int(np.prod(shape)) * 2
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append((name, shape))
+        size += nbytes
+    rng = np.random.default_rng(seed)
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        fname = "model.safetensors" if len(shards) == 1 else f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        write_safetensors(folder / fname, shard, rng)
+        weight_map.update({name: fname for name, _ in shard})
+    total = sum(int(np.prod(s)) * 2 for _, s in tensors)
+    if len(shards) > 1:
+        (folder / "model.safetensors.index.json").write_text(
+            json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return total
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", nargs="?", choices=sorted(PRESETS))
+    ap.add_argument("output", nargs="?", type=Path)
+    ap.add_argument("--list", action="store_true", help="list the presets and their sizes")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    if args.list or args.model is None:
+        for name, cfg in sorted(PRESETS.items()):
+            total = sum(int(np.prod(s)) * 2 for _, s in TENSORS[cfg["model_type"]](cfg))
+            print(f"{name:24s} {total / 1e9:6.2f} GB  {cfg['architectures'][0]}")
+        return 0
+    if args.output is None:
+        ap.error("give an output folder")
+    total = write_checkpoint(args.output, PRESETS[args.model], args.seed)
+    print(f"wrote {total / 1e9:.2f} GB to {args.output}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
