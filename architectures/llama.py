@@ -16,12 +16,13 @@ from builder.blocks import (
     AttentionSpec,
     AttentionWeights,
     Rope,
-    attention_inputs,
     embedding,
     gated_mlp,
     lm_head,
     rms_norm,
+    rotary_tables,
     self_attention,
+    sequence_lengths,
     skip_rms_norm,
     tied_quantized_lm_head,
 )
@@ -147,10 +148,8 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: LlamaConfig, target: Tar
         return ckpt.weight(name, shape) if name in ckpt else None
 
     rope = Rope.from_parameters(c.rope_parameters, D, c.max_position_embeddings)
-    with g.scope("model", "rotary_emb"):
-        cos, sin = rope.caches(c.max_position_embeddings, target.io_dtype)
-        cos, sin = g.weight("cos_cache", cos), g.weight("sin_cache", sin)
-    shared = attention_inputs(g, io.attention_mask, cos, sin)
+    rotary = rotary_tables(g, rope, c.max_position_embeddings, target)
+    lengths = sequence_lengths(g, io.attention_mask)
 
     embed = w("model.embed_tokens.weight", V, H)
     if c.tie_word_embeddings:
@@ -185,7 +184,7 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: LlamaConfig, target: Tar
             )
             spec = AttentionSpec(c.num_attention_heads, c.num_key_value_heads, D, window=c.window(i), norm_eps=c.rms_norm_eps)
             with g.scope("self_attn"):
-                attn, pk, pv = self_attention(g, h, io.past[i], shared, weights, spec, target)
+                attn, pk, pv = self_attention(g, h, io.past[i], lengths, rotary, weights, spec, target)
             presents.append((pk, pv))
             with g.scope("post_attention_layernorm"):
                 h, residual = skip_rms_norm(g, attn, residual, w(p + "post_attention_layernorm.weight", H), c.rms_norm_eps, target)

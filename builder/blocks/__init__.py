@@ -1,28 +1,29 @@
 """Building blocks of decoder graphs. They take lazy weights and IR values, never Hugging Face names."""
 
-from builder.blocks.attention import AttentionInputs, AttentionSpec, AttentionWeights, attention_inputs, self_attention
+from builder.blocks.attention import AttentionSpec, AttentionWeights, SequenceLengths, self_attention, sequence_lengths
 from builder.blocks.embedding import embedding
 from builder.blocks.linear import QuantizedValues, linear, quantized_weight
 from builder.blocks.lm_head import lm_head, tied_quantized_lm_head
 from builder.blocks.mlp import activation, gated_mlp
 from builder.blocks.norm import rms_norm, skip_rms_norm
-from builder.blocks.rope import Rope
+from builder.blocks.rope import Rope, rotary_tables
 
 __all__ = [
-    "AttentionInputs",
     "AttentionSpec",
     "AttentionWeights",
     "QuantizedValues",
     "Rope",
+    "SequenceLengths",
     "activation",
-    "attention_inputs",
     "embedding",
     "gated_mlp",
     "linear",
     "lm_head",
     "quantized_weight",
     "rms_norm",
+    "rotary_tables",
     "self_attention",
+    "sequence_lengths",
     "skip_rms_norm",
     "tied_quantized_lm_head",
 ]

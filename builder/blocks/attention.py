@@ -54,23 +54,21 @@ class AttentionSpec:
 
 
 @dataclass(frozen=True)
-class AttentionInputs:
-    """Per-model values every layer's attention shares."""
+class SequenceLengths:
+    """What GroupQueryAttention learns from the attention mask, computed once per model."""
 
     seqlens_k: ir.Value  # int32 [batch]: tokens seen so far minus one
     total_sequence_length: ir.Value  # int32 scalar
-    cos_cache: ir.Value
-    sin_cache: ir.Value
 
 
-def attention_inputs(g: Graph, attention_mask: ir.Value, cos_cache: ir.Value, sin_cache: ir.Value) -> AttentionInputs:
+def sequence_lengths(g: Graph, attention_mask: ir.Value) -> SequenceLengths:
     """seqlens_k = int32(sum(mask, axis 1) − 1); total_sequence_length = int32(mask's dim 1)."""
     with g.scope("model", "attn_mask_reformat"):
         summed = g.op.ReduceSum(attention_mask, g.constant([1], "int64"), keepdims=0)  # (B, T) -> (B,)
         seqlens_k = g.op.Cast(g.op.Sub(summed, g.constant(1, "int64")), to=ir.DataType.INT32)
         total = g.op.Shape(attention_mask, start=1, end=2)  # (1,)
         total = g.op.Cast(g.op.Squeeze(total, g.constant([0], "int64")), to=ir.DataType.INT32)  # ()
-    return AttentionInputs(seqlens_k, total, cos_cache, sin_cache)
+    return SequenceLengths(seqlens_k, total)
 
 
 def _head_norm(g: Graph, x: ir.Value, weight: Weight, heads: int, spec: AttentionSpec, target: Target) -> ir.Value:
@@ -84,12 +82,13 @@ def self_attention(
     g: Graph,
     x: ir.Value,
     past: tuple[ir.Value, ir.Value],
-    shared: AttentionInputs,
+    lengths: SequenceLengths,
+    rotary: tuple[ir.Value, ir.Value],
     w: AttentionWeights,
     spec: AttentionSpec,
     target: Target,
 ) -> tuple[ir.Value, ir.Value, ir.Value]:
-    """Returns (attention output after o_proj, present_key, present_value)."""
+    """Returns (attention output after o_proj, present_key, present_value); `rotary` is (cos, sin)."""
     q_dim, kv_dim = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     biases = (w.q_bias, w.k_bias, w.v_bias)
     bias = None
@@ -112,8 +111,7 @@ def self_attention(
         q, k, v = qkv, None, None  # packed QKV input
 
     out, present_k, present_v = g.ms.GroupQueryAttention(
-        q, k, v, past[0], past[1], shared.seqlens_k, shared.total_sequence_length,
-        shared.cos_cache, shared.sin_cache,
+        q, k, v, past[0], past[1], lengths.seqlens_k, lengths.total_sequence_length, rotary[0], rotary[1],
         _outputs=3,
         num_heads=spec.num_heads,
         kv_num_heads=spec.num_kv_heads,

@@ -12,8 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import onnx_ir as ir
 
+from builder.graph import Graph
 from builder.lazy import Weight
+from builder.target import Target
 
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 
@@ -118,3 +121,10 @@ def yarn(params: dict[str, Any], base: float, dim: int, max_position_embeddings:
     extrapolation_factor = (1 - ramp).astype(np.float32)
     inv_freq = interpolation * (1 - extrapolation_factor) + extrapolation * extrapolation_factor
     return Rope(inv_freq.astype(np.float32), float(attention_factor))
+
+
+def rotary_tables(g: Graph, rope: Rope, max_positions: int, target: Target, name: str = "") -> tuple[ir.Value, ir.Value]:
+    """Registers the cos/sin caches as initializers `model.rotary_emb.<name>cos_cache` / `sin_cache`."""
+    cos, sin = rope.caches(max_positions, target.io_dtype)
+    with g.scope("model", "rotary_emb"):
+        return g.weight(f"{name}cos_cache", cos), g.weight(f"{name}sin_cache", sin)
