@@ -61,7 +61,8 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     target = options.target()
 
     g = Graph()
-    io = DecoderIO.create(info.num_layers, info.num_kv_heads, info.head_size, target.io_dtype)
+    windowed = info.sliding_window_layers if target.windowed_kv_cache else []
+    io = DecoderIO.create(info.num_layers, info.num_kv_heads, info.head_size, target.io_dtype, windowed)
     logits, presents = module.build(g, io, checkpoint, config, target)
     checkpoint.check_consumed(module.IGNORED)
     model = g.model(io.inputs, io.outputs(logits, info.vocab_size, presents))

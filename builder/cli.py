@@ -31,6 +31,8 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--quantize-embeddings", action="store_true", help="quantize an untied embedding table too")
     q.add_argument("--float-layers", action="append", default=[], metavar="PATTERN",
                    help="module paths to keep in float, fnmatch style (e.g. 'model.layers.0.*'); repeatable")
+    p.add_argument("--full-kv-cache", action="store_true",
+                   help="sliding-window layers get a context-long KV cache (default: window-long ring buffers)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output folder")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
@@ -64,6 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             exclude_lm_head=args.exclude_lm_head,
             quantize_embeddings=args.quantize_embeddings,
             float_layers=tuple(args.float_layers),
+            full_kv_cache=args.full_kv_cache,
         )
         out = build(options, progress=not args.quiet)
     except BuildError as e:

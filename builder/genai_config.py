@@ -54,6 +54,16 @@ def genai_config(info: DecoderInfo, target: Target, generation: dict[str, Any], 
         "num_hidden_layers": info.num_layers,
         "num_key_value_heads": info.num_kv_heads,
     }
+    if info.sliding_window_layers and target.windowed_kv_cache:
+        # onnxruntime-genai allocates these layers' KV window-long; GroupQueryAttention
+        # (sliding_window_cache=1) writes them as ring buffers.
+        decoder["sliding_window"] = {
+            "window_size": info.sliding_window,
+            "slide_key_value_cache": False,
+            "slide_inputs": False,
+            "layers": info.sliding_window_layers,
+            "cache_slack": 0,
+        }
     search = {k: generation.get(k, v) if generation.get(k) is not None else v for k, v in SEARCH_DEFAULTS.items()}
     model: dict[str, Any] = {} if bos is None else {"bos_token_id": bos}  # genai rejects a null id
     return {

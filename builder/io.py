@@ -8,6 +8,8 @@ import numpy as np
 import onnx_ir as ir
 
 BATCH, SEQUENCE, TOTAL, PAST = "batch_size", "sequence_length", "total_sequence_length", "past_sequence_length"
+# KV length of a layer whose cache is a sliding-window ring buffer: its capacity, not the sequence.
+PAST_WINDOW, TOTAL_WINDOW = "past_sliding_length", "total_sliding_length"
 
 PAST_KEY, PAST_VALUE = "past_key_values.%d.key", "past_key_values.%d.value"
 PRESENT_KEY, PRESENT_VALUE = "present.%d.key", "present.%d.value"
@@ -26,22 +28,27 @@ class DecoderIO:
     past: list[tuple[ir.Value, ir.Value]]
     io_dtype: np.dtype
     kv_dims: tuple[int, int]  # (num_kv_heads, head_size)
+    windowed_layers: frozenset[int] = frozenset()
 
     @classmethod
-    def create(cls, num_layers: int, num_kv_heads: int, head_size: int, io_dtype: np.dtype) -> DecoderIO:
-        past = [
-            (
-                _value(PAST_KEY % i, io_dtype, (BATCH, num_kv_heads, PAST, head_size)),
-                _value(PAST_VALUE % i, io_dtype, (BATCH, num_kv_heads, PAST, head_size)),
-            )
-            for i in range(num_layers)
-        ]
+    def create(
+        cls, num_layers: int, num_kv_heads: int, head_size: int, io_dtype: np.dtype, windowed_layers=()
+    ) -> DecoderIO:
+        """`windowed_layers` keep a window-long KV ring buffer (see Target.windowed_kv_cache)."""
+        windowed = frozenset(windowed_layers)
+
+        def kv(i: int, pattern: str) -> ir.Value:
+            length = PAST_WINDOW if i in windowed else PAST
+            return _value(pattern % i, io_dtype, (BATCH, num_kv_heads, length, head_size))
+
+        past = [(kv(i, PAST_KEY), kv(i, PAST_VALUE)) for i in range(num_layers)]
         return cls(
             input_ids=_value("input_ids", np.int64, (BATCH, SEQUENCE)),
             attention_mask=_value("attention_mask", np.int64, (BATCH, TOTAL)),
             past=past,
             io_dtype=np.dtype(io_dtype),
             kv_dims=(num_kv_heads, head_size),
+            windowed_layers=windowed,
         )
 
     @property
@@ -58,7 +65,7 @@ class DecoderIO:
             for v, pattern in ((key, PRESENT_KEY), (value, PRESENT_VALUE)):
                 v.name = pattern % i
                 v.type = ir.TensorType(ir.DataType.from_numpy(self.io_dtype))
-                v.shape = ir.Shape((BATCH, heads, TOTAL, size))
+                v.shape = ir.Shape((BATCH, heads, TOTAL_WINDOW if i in self.windowed_layers else TOTAL, size))
         return [logits, *(v for kv in presents for v in kv)]
 
 

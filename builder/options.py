@@ -50,6 +50,8 @@ class BuildOptions:
         exclude_lm_head: int4/int8: keep lm_head in float.
         quantize_embeddings: int4: quantize an untied embedding table (GatherBlockQuantized).
         float_layers: int4/int8: fnmatch patterns of module paths kept in float.
+        full_kv_cache: give sliding-window layers a context-long KV cache like the others
+            (default: a window-long ring buffer; see the README's I/O section).
     """
 
     model: str
@@ -65,6 +67,7 @@ class BuildOptions:
     exclude_lm_head: bool = False
     quantize_embeddings: bool = False
     float_layers: tuple[str, ...] = ()
+    full_kv_cache: bool = False
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -91,8 +94,9 @@ class BuildOptions:
 
     def target(self) -> Target:
         ep = self.execution_provider
+        windowed = not self.full_kv_cache
         if self.precision not in QUANTIZED:
-            return Target(io_dtype=_FLOAT[self.precision], execution_provider=ep)
+            return Target(io_dtype=_FLOAT[self.precision], execution_provider=ep, windowed_kv_cache=windowed)
         quantization = Quantization(
             bits=QUANTIZED[self.precision],
             block_size=self.block_size,
@@ -102,7 +106,8 @@ class BuildOptions:
             embeddings=self.quantize_embeddings,
             float_layers=self.float_layers,
         )
-        return Target(io_dtype=_QUANTIZED_IO[ep], execution_provider=ep, quantization=quantization)
+        return Target(io_dtype=_QUANTIZED_IO[ep], execution_provider=ep, quantization=quantization,
+                      windowed_kv_cache=windowed)
 
     def replace(self, **changes) -> BuildOptions:
         return dataclasses.replace(self, **changes)

@@ -46,11 +46,14 @@ class Target:
         io_dtype: dtype of activations, KV cache and float weights (float32, float16 or bfloat16).
         execution_provider: "cpu" or "cuda".
         quantization: how linear layers are quantized, or None for float weights.
+        windowed_kv_cache: sliding-window layers keep a KV cache only the window long (a ring
+            buffer GroupQueryAttention manages), instead of one as long as the context.
     """
 
     io_dtype: np.dtype
     execution_provider: str = "cpu"
     quantization: Quantization | None = None
+    windowed_kv_cache: bool = True
 
     def quantizes(self, module: str) -> bool:
         return self.quantization is not None and self.quantization.applies_to(module)

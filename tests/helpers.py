@@ -55,22 +55,32 @@ class OnnxDecoder:
     """Runs a built model with ONNX Runtime's CPU provider: prefill, then decode steps with the KV it returns."""
 
     def __init__(self, folder: Path):
+        import json
+
         import onnxruntime as ort
+
+        # Sliding-window layers built with a ring-buffer cache take a past exactly the window
+        # long (zeros before the first token); genai_config.json names them.
+        window = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"].get("sliding_window")
+        self.window_layers = set(window["layers"]) if window else set()
+        self.window = window["window_size"] if window else 0
 
         self.session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
         self.inputs = {i.name: i for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
         key = self.inputs["past_key_values.0.key"]
         self.layers = sum(1 for n in self.inputs if n.endswith(".key"))
-        self.kv_shape = (1, key.shape[1], 0, key.shape[3])
+        self.kv_heads, self.head_size = key.shape[1], key.shape[3]
         self.io_dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}[key.type]
 
     def run(self, ids: list[int], past: dict | None, total: int) -> tuple[np.ndarray, dict]:
         feed = {"input_ids": np.array([ids], np.int64), "attention_mask": np.ones((1, total), np.int64)}
         for i in range(self.layers):
             for kind in ("key", "value"):
+                capacity = self.window if i in self.window_layers else 0
                 feed[f"past_key_values.{i}.{kind}"] = (
-                    past[f"present.{i}.{kind}"] if past else np.zeros(self.kv_shape, self.io_dtype)
+                    past[f"present.{i}.{kind}"] if past
+                    else np.zeros((1, self.kv_heads, capacity, self.head_size), self.io_dtype)
                 )
         outs = dict(zip(self.output_names, self.session.run(None, feed)))
         return outs["logits"][0].astype(np.float32), outs

@@ -67,3 +67,49 @@ def test_unknown_architecture_lists_supported():
     assert "GPTNeoXForCausalLM" in message
     for name in architectures.ARCHITECTURES:
         assert name in message
+
+
+GEMMA_CASES = {
+    "gemma-minimal": ("GemmaForCausalLM", {}),
+    "gemma-legacy-gelu": ("GemmaForCausalLM", dict(hidden_act="gelu", head_dim=128)),
+    "gemma2-minimal": ("Gemma2ForCausalLM", {}),
+    "gemma2-explicit": ("Gemma2ForCausalLM", dict(sliding_window=512, query_pre_attn_scalar=144, num_hidden_layers=5)),
+    "gemma3-minimal": ("Gemma3ForCausalLM", {}),
+    "gemma3-old-rope": ("Gemma3ForCausalLM", dict(rope_theta=1e6, rope_local_base_freq=1e4,
+                                                  rope_scaling={"rope_type": "linear", "factor": 8.0},
+                                                  sliding_window=1024, num_hidden_layers=12)),
+    "gemma3-pattern": ("Gemma3ForCausalLM", dict(sliding_window_pattern=3, num_hidden_layers=7)),
+    "gemma3-new-rope": ("Gemma3ForCausalLM", dict(rope_parameters={
+        "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 5e5},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 2e4}})),
+}
+
+
+@pytest.mark.parametrize("case", sorted(GEMMA_CASES))
+def test_gemma_matches_transformers_config(case):
+    from architectures.gemma import parse_config as parse_gemma
+
+    arch, raw = GEMMA_CASES[case]
+    cls = {"GemmaForCausalLM": transformers.GemmaConfig, "Gemma2ForCausalLM": transformers.Gemma2Config,
+           "Gemma3ForCausalLM": transformers.Gemma3TextConfig}[arch]
+    theirs = cls(**raw)
+    for variant in ([arch, "Gemma3ForConditionalGeneration"] if arch == "Gemma3ForCausalLM" else [arch]):
+        given = dict(raw, architectures=[variant])
+        if variant == "Gemma3ForConditionalGeneration":  # the same text model, nested as the hub's -it configs
+            given = {"architectures": [variant], "text_config": dict(raw, model_type="gemma3_text")}
+        ours = parse_gemma(given, variant)
+        for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                      "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps",
+                      "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id"):
+            assert getattr(ours, field) == getattr(theirs, field), field
+        act = getattr(theirs, "hidden_activation", None) or theirs.hidden_act
+        assert ours.hidden_activation == act
+        assert ours.layer_types == getattr(theirs, "layer_types", ours.layer_types)
+        for field in ("sliding_window", "query_pre_attn_scalar", "final_logit_softcapping", "attn_logit_softcapping"):
+            assert getattr(ours, field) == getattr(theirs, field, None), field
+        expected = theirs.rope_parameters
+        strip = lambda d: {k: v for k, v in d.items() if k != "type"}  # noqa: E731
+        if "full_attention" in expected:
+            assert {t: strip(p) for t, p in ours.rope_parameters.items()} == {t: strip(p) for t, p in expected.items()}
+        else:
+            assert strip(ours.rope_parameters) == strip(expected)

@@ -102,3 +102,28 @@ def test_gemma3_multimodal_text_decoder(tmp_path, hub_layout):
     assert relative_error(got_prefill, prefill.logits[0].numpy()) < 1e-4
     assert relative_error(got_step, step.logits[0].numpy()) < 1e-4
     assert (got_prefill.argmax(-1) == prefill.logits[0].numpy().argmax(-1)).all()
+
+
+@pytest.mark.parametrize("flags", [[], ["--full-kv-cache"]], ids=["window-ring-buffer", "full-kv-cache"])
+def test_sliding_window_cache_over_many_steps(tmp_path, flags):
+    # Gemma 2 with a 4-token window: decode eight steps past a 10-token prompt, each step's logits
+    # against transformers' full forward of the whole sequence.
+    source = make_gemma(tmp_path / "src", "gemma2")
+    out = build(source, tmp_path / "out", "-p", "fp32", *flags)
+    decoder = OnnxDecoder(out)
+    model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    ids = list(PROMPT)
+    logits, present = decoder.run(ids, None, len(ids))
+    windowed = not flags
+    assert present["present.0.key"].shape[2] == (4 if windowed else len(ids))  # layer 0 slides
+    assert present["present.1.key"].shape[2] == len(ids)  # layer 1 is global
+    for _ in range(8):
+        ids.append(int(logits[-1].argmax()))
+        logits, present = decoder.run(ids[-1:], present, len(ids))
+        with torch.no_grad():
+            expected = model(torch.tensor([ids])).logits[0, -1].numpy()
+        assert relative_error(logits[-1], expected) < 1e-4
+    cfg = json.loads((out / "genai_config.json").read_text())["model"]["decoder"]
+    assert ("sliding_window" in cfg) == windowed
+    if windowed:
+        assert cfg["sliding_window"]["layers"] == [0] and cfg["sliding_window"]["window_size"] == 4

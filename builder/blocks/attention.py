@@ -118,6 +118,8 @@ def self_attention(
         scale=spec.scale,
         softcap=spec.softcap or None,
         local_window_size=spec.window if spec.window else -1,
+        # A window-sized ring buffer instead of a max-length cache for this layer's KV.
+        sliding_window_cache=1 if spec.window and target.windowed_kv_cache else None,
         do_rotary=1,
         rotary_interleaved=0,  # Hugging Face's rotate_half layout
     )  # out: (B, S, num_heads * head_dim)
