@@ -18,6 +18,7 @@ ARCHITECTURES: dict[str, str] = {
     "Gemma2ForCausalLM": "gemma",
     "Gemma3ForCausalLM": "gemma",
     "Gemma3ForConditionalGeneration": "gemma",
+    "Phi3ForCausalLM": "phi3",
 }
 
 

@@ -113,3 +113,38 @@ def test_gemma_matches_transformers_config(case):
             assert {t: strip(p) for t, p in ours.rope_parameters.items()} == {t: strip(p) for t, p in expected.items()}
         else:
             assert strip(ours.rope_parameters) == strip(expected)
+
+
+LONGROPE = {"short_factor": [1.0] * 48, "long_factor": [2.0] * 48}
+PHI3_CASES = {
+    "phi3-minimal": {},
+    "phi3-mini-4k": dict(sliding_window=2047, rope_theta=10000.0),
+    "phi3.5-type-longrope": dict(max_position_embeddings=131072, original_max_position_embeddings=4096,
+                                 rope_scaling={"type": "longrope", **LONGROPE}),
+    "phi4-mini-rope-type": dict(max_position_embeddings=131072, original_max_position_embeddings=4096,
+                                partial_rotary_factor=0.75, tie_word_embeddings=True, num_attention_heads=24,
+                                num_key_value_heads=8,
+                                rope_scaling={"rope_type": "longrope", **LONGROPE}),
+    "phi4-mini-rope-parameters": dict(max_position_embeddings=131072, original_max_position_embeddings=4096,
+                                      num_attention_heads=24,
+                                      rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                                                       "partial_rotary_factor": 0.75, **LONGROPE}),
+    "phi4": dict(rope_theta=250000.0, num_key_value_heads=10, num_attention_heads=40, hidden_size=5120),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PHI3_CASES))
+def test_phi3_matches_transformers_config(case):
+    from architectures.phi3 import parse_config as parse_phi3
+
+    raw = PHI3_CASES[case]
+    ours = parse_phi3(dict(raw, architectures=["Phi3ForCausalLM"]), "Phi3ForCausalLM")
+    theirs = transformers.Phi3Config(**raw)
+    for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "max_position_embeddings", "original_max_position_embeddings",
+                  "rms_norm_eps", "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id",
+                  "sliding_window", "hidden_act"):
+        assert getattr(ours, field) == getattr(theirs, field), field
+    assert ours.head_dim == theirs.hidden_size // theirs.num_attention_heads
+    strip = lambda d: {k: v for k, v in d.items() if k != "type"}  # noqa: E731
+    assert strip(ours.rope_parameters) == strip(theirs.rope_parameters)

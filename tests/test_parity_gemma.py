@@ -2,16 +2,15 @@
 
 import json
 
-import numpy as np
 import pytest
 import torch
 import transformers
 from safetensors.numpy import load_file, save_file
 
 from conftest import TINY
-from fake_quant import fake_quantize_model
-from helpers import PROMPT, OnnxDecoder, assert_parity, build, make_checkpoint, relative_error
-from test_genai import genai_greedy, transformers_greedy
+from fake_quant import assert_quantized_parity
+from helpers import GENAI_PROMPT, PROMPT, OnnxDecoder, assert_parity, build, make_checkpoint, relative_error
+from test_genai import assert_same_greedy
 
 GEMMA = {**TINY, "head_dim": 16, "eos_token_id": 255}
 # Windows shorter than the 10-token prompt, soft-capping on, global and local layers both present.
@@ -69,22 +68,12 @@ def test_fp16_matches_transformers(variant, tmp_path):
 
 def test_int4_matches_fake_quantized_transformers(variant, tmp_path):
     out = build(variant, tmp_path / "out", "-p", "int4", "--accuracy-level", "0")
-    model = transformers.AutoModelForCausalLM.from_pretrained(variant, dtype=torch.float32).eval()
-    fake_quantize_model(model)
-    with torch.no_grad():
-        prefill = model(torch.tensor([PROMPT]), use_cache=True)
-        next_id = int(prefill.logits[0, -1].argmax())
-        step = model(torch.tensor([[next_id]]), past_key_values=prefill.past_key_values, use_cache=True)
-    got_prefill, got_step = OnnxDecoder(out).prefill_and_step(PROMPT, next_id)
-    assert relative_error(got_prefill, prefill.logits[0].numpy()) < 1e-4
-    assert relative_error(got_step, step.logits[0].numpy()) < 1e-4
+    assert_quantized_parity(variant, out, exact=True)
 
 
 def test_genai_greedy_matches_transformers(variant, tmp_path):
     out = build(variant, tmp_path / "out", "-p", "fp32")
-    expected = transformers_greedy(variant, PROMPT)
-    assert len(expected) > len(PROMPT) + 5
-    assert genai_greedy(out, PROMPT) == expected
+    assert_same_greedy(out, variant, GENAI_PROMPT)
 
 
 @pytest.mark.parametrize("hub_layout", [False, True], ids=["transformers-layout", "hub-layout"])

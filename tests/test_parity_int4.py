@@ -1,16 +1,11 @@
 """int4/int8 builds against transformers running the same rounding (fake quantization)."""
 
-import collections
-
-import numpy as np
 import onnx
 import pytest
-import torch
-import transformers
 
 from conftest import TINY
-from fake_quant import fake_quantize_model
-from helpers import PROMPT, OnnxDecoder, build, make_checkpoint, relative_error
+from fake_quant import assert_quantized_parity, cosine, op_histogram, reference
+from helpers import PROMPT, OnnxDecoder, build, make_checkpoint
 
 VARIANTS = {
     "llama": ("LlamaConfig", {}),
@@ -19,40 +14,6 @@ VARIANTS = {
     "qwen2": ("Qwen2Config", {}),
     "qwen3-tied": ("Qwen3Config", dict(head_dim=32, tie_word_embeddings=True)),
 }
-
-
-def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    a, b = a.reshape(-1).astype(np.float64), b.reshape(-1).astype(np.float64)
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
-
-
-def reference(source, bits, block_size, symmetric, lm_head=True):
-    model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
-    fake_quantize_model(model, bits, block_size, symmetric, lm_head)
-    with torch.no_grad():
-        prefill = model(torch.tensor([PROMPT]), use_cache=True)
-        next_id = int(prefill.logits[0, -1].argmax())
-        step = model(torch.tensor([[next_id]]), past_key_values=prefill.past_key_values, use_cache=True)
-    return prefill.logits[0].numpy(), step.logits[0].numpy(), next_id
-
-
-def op_histogram(folder):
-    return collections.Counter(n.op_type for n in onnx.load(folder / "model.onnx", load_external_data=False).graph.node)
-
-
-def assert_quantized_parity(source, out, bits=4, block_size=32, symmetric=True, lm_head=True, exact=False):
-    """accuracy_level 4 (the cpu default) also rounds activations to int8 inside MatMulNBits, which
-    the fake-quantized reference does not: cosine similarity is the measure (measured 0.99997 on
-    the tiny Llama, against 0.988 for the unquantized reference). With accuracy_level 0 the
-    arithmetic is float32 and the logits must equal the reference's to float32 precision."""
-    ref_prefill, ref_step, next_id = reference(source, bits, block_size, symmetric, lm_head)
-    prefill, step = OnnxDecoder(out).prefill_and_step(PROMPT, next_id)
-    for name, got, want in (("prefill", prefill, ref_prefill), ("decode", step, ref_step)):
-        c = cosine(got, want)
-        assert c > 0.999, f"{name}: cosine {c:.5f}"
-        if exact:
-            err = relative_error(got, want)
-            assert err < 1e-4, f"{name}: relative max error {err:.2e}"
 
 
 @pytest.mark.parametrize("accuracy_level", [4, 0])

@@ -6,7 +6,7 @@ from builder.blocks.linear import QuantizedValues, linear, quantized_weight
 from builder.blocks.lm_head import lm_head, tied_quantized_lm_head
 from builder.blocks.mlp import activation, gated_mlp
 from builder.blocks.norm import rms_norm, skip_rms_norm
-from builder.blocks.rope import Rope, rotary_tables
+from builder.blocks.rope import Rope, longrope_tables, rotary_tables
 
 __all__ = [
     "AttentionSpec",
@@ -19,6 +19,7 @@ __all__ = [
     "gated_mlp",
     "linear",
     "lm_head",
+    "longrope_tables",
     "quantized_weight",
     "rms_norm",
     "rotary_tables",

@@ -19,12 +19,14 @@ from builder.target import Target
 
 @dataclass(frozen=True)
 class AttentionWeights:
-    """Projection weights in Hugging Face's [out, in] layout; biases and q/k norms optional."""
+    """Projection weights in Hugging Face's [out, in] layout; biases and q/k norms optional.
+    A checkpoint that stores Q, K and V fused (Phi-3's qkv_proj) passes `qkv` instead of q, k, v."""
 
-    q: Weight
-    k: Weight
-    v: Weight
     o: Weight
+    q: Weight | None = None
+    k: Weight | None = None
+    v: Weight | None = None
+    qkv: Weight | None = None
     q_bias: Weight | None = None
     k_bias: Weight | None = None
     v_bias: Weight | None = None
@@ -96,8 +98,11 @@ def self_attention(
         if not all(b is not None for b in biases):
             raise ValueError("q/k/v biases must be all present or all absent")
         bias = Weight.concat(biases, axis=0)
+    fused = w.qkv if w.qkv is not None else Weight.concat([w.q, w.k, w.v], axis=0)
+    if fused.shape[0] != q_dim + 2 * kv_dim:
+        raise ValueError(f"fused QKV weight has {fused.shape[0]} rows, expected {q_dim + 2 * kv_dim}")
     with g.scope("qkv_proj"):
-        qkv = linear(g, x, Weight.concat([w.q, w.k, w.v], axis=0), target, bias)  # (B, S, q_dim + 2·kv_dim)
+        qkv = linear(g, x, fused, target, bias)  # (B, S, q_dim + 2·kv_dim)
 
     if w.q_norm is not None or w.k_norm is not None:
         q, k, v = g.op.Split(qkv, g.constant([q_dim, kv_dim, kv_dim], "int64"), axis=-1, _outputs=3)

@@ -14,11 +14,12 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
+from builder.errors import BuildError
 from builder.graph import Graph
 from builder.lazy import Weight
 from builder.target import Target
 
-ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,8 @@ class Rope:
             return cls(llama3_inv_freq(inv_freq, params))
         if rope_type == "yarn":
             return yarn(params, base, dim, max_position_embeddings)
+        if rope_type == "longrope":
+            return longrope(params, base, dim, max_position_embeddings, long=False)
         raise ValueError(f"unsupported rope_type {rope_type!r}; supported: {', '.join(ROPE_TYPES)}")
 
     def caches(self, max_positions: int, dtype: np.dtype) -> tuple[Weight, Weight]:
@@ -123,8 +126,52 @@ def yarn(params: dict[str, Any], base: float, dim: int, max_position_embeddings:
     return Rope(inv_freq.astype(np.float32), float(attention_factor))
 
 
+def longrope(params: dict[str, Any], base: float, dim: int, max_position_embeddings: int, long: bool) -> Rope:
+    """Phi-3's LongRoPE (transformers' `_compute_longrope_parameters`): per-dimension factors, the
+    short set within the pretraining length, the long set beyond it; one attention factor for both."""
+    original = params["original_max_position_embeddings"]
+    factor = params.get("factor") or max_position_embeddings / original
+    attention_factor = params.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    ext = np.asarray(params["long_factor" if long else "short_factor"], dtype=np.float32)
+    exponent = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)
+    inv_freq = np.float32(1.0) / (ext * np.power(np.float32(base), exponent, dtype=np.float32))
+    return Rope(inv_freq.astype(np.float32), float(attention_factor))
+
+
 def rotary_tables(g: Graph, rope: Rope, max_positions: int, target: Target, name: str = "") -> tuple[ir.Value, ir.Value]:
     """Registers the cos/sin caches as initializers `model.rotary_emb.<name>cos_cache` / `sin_cache`."""
+    if rope.rotary_dim % 16:
+        raise BuildError(
+            f"rotary dimension {rope.rotary_dim} is not a multiple of 16, which GroupQueryAttention's "
+            "fused rotary embedding requires"
+        )
     cos, sin = rope.caches(max_positions, target.io_dtype)
     with g.scope("model", "rotary_emb"):
         return g.weight(f"{name}cos_cache", cos), g.weight(f"{name}sin_cache", sin)
+
+
+def longrope_tables(
+    g: Graph, params: dict[str, Any], head_dim: int, max_positions: int, total_sequence_length: ir.Value, target: Target
+) -> tuple[ir.Value, ir.Value]:
+    """Short and long LongRoPE tables, chosen per run as transformers does: the long ones once the
+    sequence (past + new tokens) passes original_max_position_embeddings, for every position."""
+    base, dim = float(params["rope_theta"]), int(head_dim * params.get("partial_rotary_factor", 1.0))
+    short = rotary_tables(g, longrope(params, base, dim, max_positions, long=False), max_positions, target, "short_")
+    long = rotary_tables(g, longrope(params, base, dim, max_positions, long=True), max_positions, target, "long_")
+    with g.scope("model", "rotary_emb"):
+        threshold = g.constant(params["original_max_position_embeddings"], np.int32)
+        is_long = g.op.Greater(total_sequence_length, threshold)
+        return g.op.If(is_long, then_branch=_select(short, long, "long"), else_branch=_select(short, long, "short"), _outputs=2)
+
+
+def _select(short: tuple[ir.Value, ir.Value], long: tuple[ir.Value, ir.Value], which: str) -> ir.Graph:
+    """An If branch that passes the chosen outer-scope tables through."""
+    tables = long if which == "long" else short
+    nodes = [ir.Node("", "Identity", [t], num_outputs=1, name=f"/model/rotary_emb/{which}/{kind}")
+             for t, kind in zip(tables, ("cos", "sin"))]
+    for node, table in zip(nodes, tables):
+        out = node.outputs[0]
+        out.name, out.type, out.shape = f"{node.name}/output_0", table.type, table.shape
+    return ir.Graph(inputs=[], outputs=[n.outputs[0] for n in nodes], nodes=nodes, name=f"{which}_rope")

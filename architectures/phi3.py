@@ -1,0 +1,150 @@
+"""Phi-3, Phi-3.5 and Phi-4 (Phi3ForCausalLM): a Llama-shaped decoder with fused projections.
+
+Reference: transformers/models/phi3/modeling_phi3.py. What sets it apart:
+- `qkv_proj` holds Q, K and V stacked; `gate_up_proj` holds gate then up (split lazily here);
+- LongRoPE (Phi-3-mini-128k, Phi-3.5-mini, Phi-4-mini): short and long per-dimension factors, the
+  long ones for every position once the sequence passes original_max_position_embeddings, and
+  an attention factor scaling cos and sin;
+- partial rotary (Phi-4-mini's partial_rotary_factor 0.75): only the first dims rotate;
+- an optional sliding window (Phi-3-mini-4k's 2047).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from builder.architecture import DecoderInfo
+from builder.blocks import (
+    AttentionSpec,
+    AttentionWeights,
+    Rope,
+    embedding,
+    gated_mlp,
+    lm_head,
+    longrope_tables,
+    rms_norm,
+    rotary_tables,
+    self_attention,
+    sequence_lengths,
+    skip_rms_norm,
+    tied_quantized_lm_head,
+)
+from builder.checkpoint import Checkpoint
+from builder.graph import Graph
+from builder.hf_config import from_dict, rope_parameters, token_ids
+from builder.io import DecoderIO
+from builder.target import Target
+
+IGNORED = ("model.layers.*.self_attn.rotary_emb.*",)
+
+
+@dataclass(frozen=True)
+class Phi3Config:
+    """config.json of Phi3ForCausalLM; field names are the file's keys, defaults transformers' own."""
+
+    model_type: str = "phi3"
+    vocab_size: int = 32064
+    hidden_size: int = 3072
+    intermediate_size: int = 8192
+    num_hidden_layers: int = 32
+    num_attention_heads: int = 32
+    num_key_value_heads: int | None = None
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 4096
+    original_max_position_embeddings: int = 4096
+    rms_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = False
+    rope_parameters: dict[str, Any] = field(default_factory=dict)
+    sliding_window: int | None = None
+    bos_token_id: int | None = 1
+    eos_token_id: int | list[int] | None = 32000
+    pad_token_id: int | None = 32000
+
+    def __post_init__(self) -> None:
+        if self.num_key_value_heads is None:
+            object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+def parse_config(raw: dict[str, Any], architecture: str) -> Phi3Config:
+    raw = dict(raw)
+    # Phi3Config always has original_max_position_embeddings (4096 unless given), and transformers
+    # lets it override the value inside longrope's parameters; the legacy "su"/"yarn" names mean longrope.
+    raw.setdefault("original_max_position_embeddings", 4096)
+    params = rope_parameters(raw, raw.get("max_position_embeddings", 4096))
+    params.setdefault("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    if params["rope_type"] in ("su", "yarn"):
+        params["rope_type"] = "longrope"
+    if params["rope_type"] == "longrope":
+        params["original_max_position_embeddings"] = raw["original_max_position_embeddings"]
+    return from_dict(Phi3Config, raw, rope_parameters=params)
+
+
+def info(c: Phi3Config) -> DecoderInfo:
+    layers = list(range(c.num_hidden_layers)) if c.sliding_window else []
+    return DecoderInfo(
+        model_type=c.model_type, vocab_size=c.vocab_size, hidden_size=c.hidden_size,
+        num_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+        num_kv_heads=c.num_key_value_heads, head_size=c.head_dim,
+        context_length=c.max_position_embeddings, bos_token_id=c.bos_token_id,
+        eos_token_ids=token_ids(c.eos_token_id), pad_token_id=c.pad_token_id,
+        sliding_window=c.sliding_window, sliding_window_layers=layers,
+    )
+
+
+def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: Phi3Config, target: Target):
+    H, D, V, I = c.hidden_size, c.head_dim, c.vocab_size, c.intermediate_size
+    q_dim, kv_dim = c.num_attention_heads * D, c.num_key_value_heads * D
+
+    def w(name: str, *shape: int):
+        return ckpt.weight(name, shape)
+
+    lengths = sequence_lengths(g, io.attention_mask)
+    if c.rope_parameters["rope_type"] == "longrope":
+        rotary = longrope_tables(g, c.rope_parameters, D, c.max_position_embeddings, lengths.total_sequence_length, target)
+    else:
+        rope = Rope.from_parameters(c.rope_parameters, D, c.max_position_embeddings)
+        rotary = rotary_tables(g, rope, c.max_position_embeddings, target)
+
+    embed = w("model.embed_tokens.weight", V, H)
+    if c.tie_word_embeddings:
+        head = embed
+        if "lm_head.weight" in ckpt:
+            ckpt.consume("lm_head.weight")  # transformers ties it to the embedding and ignores it
+    else:
+        head = w("lm_head.weight", V, H)
+    shared_head = tied_quantized_lm_head(g, head, target) if c.tie_word_embeddings else None
+    with g.scope("model", "embed_tokens"):
+        x = embedding(g, io.input_ids, embed, target, quantized=shared_head)
+
+    residual, presents, mlp_out = x, [], None
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        with g.scope("model", f"layers.{i}"):
+            with g.scope("input_layernorm"):
+                if mlp_out is None:
+                    h = rms_norm(g, x, w(p + "input_layernorm.weight", H), c.rms_norm_eps, target)
+                else:
+                    h, residual = skip_rms_norm(g, mlp_out, residual, w(p + "input_layernorm.weight", H), c.rms_norm_eps, target)
+            weights = AttentionWeights(
+                qkv=w(p + "self_attn.qkv_proj.weight", q_dim + 2 * kv_dim, H), o=w(p + "self_attn.o_proj.weight", H, q_dim),
+            )
+            spec = AttentionSpec(c.num_attention_heads, c.num_key_value_heads, D, window=c.sliding_window)
+            with g.scope("self_attn"):
+                attn, pk, pv = self_attention(g, h, io.past[i], lengths, rotary, weights, spec, target)
+            presents.append((pk, pv))
+            with g.scope("post_attention_layernorm"):
+                h, residual = skip_rms_norm(g, attn, residual, w(p + "post_attention_layernorm.weight", H), c.rms_norm_eps, target)
+            gate_up = w(p + "mlp.gate_up_proj.weight", 2 * I, H)
+            with g.scope("mlp"):
+                mlp_out = gated_mlp(g, h, gate_up.slice(0, 0, I), gate_up.slice(0, I, 2 * I),
+                                    w(p + "mlp.down_proj.weight", H, I), c.hidden_act, target)
+
+    with g.scope("model", "norm"):
+        h, _ = skip_rms_norm(g, mlp_out, residual, w("model.norm.weight", H), c.rms_norm_eps, target)
+    logits = lm_head(g, h, head, target, quantized=shared_head)
+    return logits, presents
