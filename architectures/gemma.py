@@ -37,7 +37,7 @@ from builder.blocks import (
 from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
 from builder.graph import Graph
-from builder.hf_config import SCALED_ROPE_TYPES, from_dict, rope_parameters, token_ids
+from builder.hf_config import effective_window, SCALED_ROPE_TYPES, from_dict, rope_parameters, token_ids
 from builder.io import DecoderIO
 from builder.lazy import Weight
 from builder.target import Target
@@ -113,7 +113,9 @@ class GemmaConfig:
             raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
 
     def window(self, layer: int) -> int | None:
-        return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
+        if self.layer_types[layer] != "sliding_attention":
+            return None
+        return effective_window(self.sliding_window, self.max_position_embeddings)
 
     def rope(self, layer: int) -> dict[str, Any]:
         params = self.rope_parameters

@@ -29,7 +29,7 @@ from builder.blocks import (
 from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
 from builder.graph import Graph
-from builder.hf_config import from_dict, rope_parameters, token_ids
+from builder.hf_config import effective_window, from_dict, rope_parameters, token_ids
 from builder.io import DecoderIO
 from builder.target import Target
 
@@ -109,7 +109,9 @@ class LlamaConfig:
             )
 
     def window(self, layer: int) -> int | None:
-        return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
+        if self.layer_types[layer] != "sliding_attention":
+            return None
+        return effective_window(self.sliding_window, self.max_position_embeddings)
 
 
 def parse_config(raw: dict[str, Any], architecture: str) -> LlamaConfig:

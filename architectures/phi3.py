@@ -32,7 +32,7 @@ from builder.blocks import (
 )
 from builder.checkpoint import Checkpoint
 from builder.graph import Graph
-from builder.hf_config import from_dict, rope_parameters, token_ids
+from builder.hf_config import effective_window, from_dict, rope_parameters, token_ids
 from builder.io import DecoderIO
 from builder.target import Target
 
@@ -66,6 +66,10 @@ class Phi3Config:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
 
     @property
+    def window(self) -> int | None:
+        return effective_window(self.sliding_window, self.max_position_embeddings)
+
+    @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
@@ -85,14 +89,14 @@ def parse_config(raw: dict[str, Any], architecture: str) -> Phi3Config:
 
 
 def info(c: Phi3Config) -> DecoderInfo:
-    layers = list(range(c.num_hidden_layers)) if c.sliding_window else []
+    layers = list(range(c.num_hidden_layers)) if c.window else []
     return DecoderInfo(
         model_type=c.model_type, vocab_size=c.vocab_size, hidden_size=c.hidden_size,
         num_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
         num_kv_heads=c.num_key_value_heads, head_size=c.head_dim,
         context_length=c.max_position_embeddings, bos_token_id=c.bos_token_id,
         eos_token_ids=token_ids(c.eos_token_id), pad_token_id=c.pad_token_id,
-        sliding_window=c.sliding_window, sliding_window_layers=layers,
+        sliding_window=c.window, sliding_window_layers=layers,
     )
 
 
@@ -133,7 +137,7 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: Phi3Config, target: Targ
             weights = AttentionWeights(
                 qkv=w(p + "self_attn.qkv_proj.weight", q_dim + 2 * kv_dim, H), o=w(p + "self_attn.o_proj.weight", H, q_dim),
             )
-            spec = AttentionSpec(c.num_attention_heads, c.num_key_value_heads, D, window=c.sliding_window)
+            spec = AttentionSpec(c.num_attention_heads, c.num_key_value_heads, D, window=c.window)
             with g.scope("self_attn"):
                 attn, pk, pv = self_attention(g, h, io.past[i], lengths, rotary, weights, spec, target)
             presents.append((pk, pv))

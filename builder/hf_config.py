@@ -70,3 +70,9 @@ def token_ids(value: int | list[int] | None) -> list[int]:
     if value is None:
         return []
     return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def effective_window(window: int | None, max_positions: int) -> int | None:
+    """A sliding window that can cut anything: one at least the context long never does (Phi-3.5's
+    262144 over 131072 positions), and is dropped so those layers stay ordinary global ones."""
+    return window if window and window < max_positions else None

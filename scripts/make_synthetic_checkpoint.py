@@ -45,10 +45,51 @@ QWEN3_0_6B = {
     "eos_token_id": 151645, "torch_dtype": "bfloat16",
 }
 
+GEMMA_3_1B_IT = {
+    "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 262144, "hidden_size": 1152,
+    "intermediate_size": 6912, "num_hidden_layers": 26, "num_attention_heads": 4, "num_key_value_heads": 1,
+    "head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 512, "sliding_window_pattern": 6,
+    "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "rope_scaling": None, "max_position_embeddings": 32768,
+    "final_logit_softcapping": None, "attn_logit_softcapping": None, "rms_norm_eps": 1e-6,
+    "hidden_activation": "gelu_pytorch_tanh", "bos_token_id": 2, "eos_token_id": [1, 106], "pad_token_id": 0,
+    "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+}
+GEMMA_3_12B_IT = {
+    "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "boi_token_index": 255999,
+    "eoi_token_index": 256000, "image_token_index": 262144, "mm_tokens_per_image": 256, "eos_token_id": [1, 106],
+    "torch_dtype": "bfloat16",
+    "text_config": {
+        "model_type": "gemma3_text", "hidden_size": 3840, "intermediate_size": 15360, "num_hidden_layers": 48,
+        "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "query_pre_attn_scalar": 256,
+        "rope_scaling": {"factor": 8.0, "rope_type": "linear"}, "rope_theta": 1000000.0,
+        "rope_local_base_freq": 10000.0, "sliding_window": 1024, "sliding_window_pattern": 6,
+        "vocab_size": 262208, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
+        "final_logit_softcapping": None, "attn_logit_softcapping": None,
+    },
+    "vision_config": {
+        "model_type": "siglip_vision_model", "hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27,
+        "num_attention_heads": 16, "patch_size": 14, "image_size": 896, "vision_use_head": False,
+    },
+}
+PHI_4_MINI = {
+    "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "vocab_size": 200064, "hidden_size": 3072,
+    "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8,
+    "hidden_act": "silu", "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+    "partial_rotary_factor": 0.75, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    # The factor values are stand-ins (the real ones are tuned); their count and type are exact.
+    "rope_scaling": {"type": "longrope", "short_factor": [1.0 + i / 48 for i in range(48)],
+                     "long_factor": [1.0 + i for i in range(48)]},
+    "sliding_window": 262144, "tie_word_embeddings": True, "bos_token_id": 199999, "eos_token_id": 199999,
+    "pad_token_id": 199999, "torch_dtype": "bfloat16",
+}
+
 PRESETS: dict[str, dict] = {
     "Llama-3.2-1B": LLAMA_3_2_1B,
     "Llama-3.1-8B": LLAMA_3_1_8B,
     "Qwen3-0.6B": QWEN3_0_6B,
+    "gemma-3-1b-it": GEMMA_3_1B_IT,
+    "gemma-3-12b-it": GEMMA_3_12B_IT,
+    "Phi-4-mini": PHI_4_MINI,
 }
 
 
@@ -84,12 +125,83 @@ def llama_tensors(c: dict, prefix: str = "") -> Iterator[tuple[str, tuple[int, .
         yield f"{prefix}lm_head.weight", (V, H)
 
 
-TENSORS = {"llama": llama_tensors, "mistral": llama_tensors, "qwen2": llama_tensors, "qwen3": llama_tensors}
+def gemma3_text_tensors(c: dict, prefix: str = "model.") -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Gemma 3's decoder: q/k norms and four norms per layer; embeddings tied."""
+    H, I, V, D = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["head_dim"]
+    q, kv = c["num_attention_heads"] * D, c["num_key_value_heads"] * D
+    yield f"{prefix}embed_tokens.weight", (V, H)
+    for i in range(c["num_hidden_layers"]):
+        p = f"{prefix}layers.{i}."
+        for norm in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"):
+            yield p + f"{norm}.weight", (H,)
+        yield p + "self_attn.q_proj.weight", (q, H)
+        yield p + "self_attn.k_proj.weight", (kv, H)
+        yield p + "self_attn.v_proj.weight", (kv, H)
+        yield p + "self_attn.o_proj.weight", (H, q)
+        yield p + "self_attn.q_norm.weight", (D,)
+        yield p + "self_attn.k_norm.weight", (D,)
+        yield p + "mlp.gate_proj.weight", (I, H)
+        yield p + "mlp.up_proj.weight", (I, H)
+        yield p + "mlp.down_proj.weight", (H, I)
+    yield f"{prefix}norm.weight", (H,)
+
+
+def siglip_tensors(v: dict, prefix: str = "vision_tower.vision_model.") -> Iterator[tuple[str, tuple[int, ...]]]:
+    H, I, P = v["hidden_size"], v["intermediate_size"], v["patch_size"]
+    yield prefix + "embeddings.patch_embedding.weight", (H, 3, P, P)
+    yield prefix + "embeddings.patch_embedding.bias", (H,)
+    yield prefix + "embeddings.position_embedding.weight", ((v["image_size"] // P) ** 2, H)
+    for i in range(v["num_hidden_layers"]):
+        p = f"{prefix}encoder.layers.{i}."
+        for norm in ("layer_norm1", "layer_norm2"):
+            yield p + f"{norm}.weight", (H,)
+            yield p + f"{norm}.bias", (H,)
+        for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            yield p + f"self_attn.{proj}.weight", (H, H)
+            yield p + f"self_attn.{proj}.bias", (H,)
+        yield p + "mlp.fc1.weight", (I, H)
+        yield p + "mlp.fc1.bias", (I,)
+        yield p + "mlp.fc2.weight", (H, I)
+        yield p + "mlp.fc2.bias", (H,)
+    yield prefix + "post_layernorm.weight", (H,)
+    yield prefix + "post_layernorm.bias", (H,)
+
+
+def gemma3_multimodal_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """The hub layout of gemma-3-4b/12b/27b-it: language_model.model.*, vision_tower.*, multi_modal_projector.*."""
+    yield from gemma3_text_tensors(c["text_config"], "language_model.model.")
+    yield from siglip_tensors(c["vision_config"])
+    yield "multi_modal_projector.mm_input_projection_weight", (c["vision_config"]["hidden_size"], c["text_config"]["hidden_size"])
+    yield "multi_modal_projector.mm_soft_emb_norm.weight", (c["vision_config"]["hidden_size"],)
+
+
+def phi3_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    H, I, V = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    D = H // c["num_attention_heads"]
+    qkv = (c["num_attention_heads"] + 2 * c["num_key_value_heads"]) * D
+    yield "model.embed_tokens.weight", (V, H)
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        yield p + "input_layernorm.weight", (H,)
+        yield p + "self_attn.qkv_proj.weight", (qkv, H)
+        yield p + "self_attn.o_proj.weight", (H, c["num_attention_heads"] * D)
+        yield p + "post_attention_layernorm.weight", (H,)
+        yield p + "mlp.gate_up_proj.weight", (2 * I, H)
+        yield p + "mlp.down_proj.weight", (H, I)
+    yield "model.norm.weight", (H,)
+    if not c.get("tie_word_embeddings"):
+        yield "lm_head.weight", (V, H)
+
+
+TENSORS = {
+    "llama": llama_tensors, "mistral": llama_tensors, "qwen2": llama_tensors, "qwen3": llama_tensors,
+    "gemma3_text": gemma3_text_tensors, "gemma3": gemma3_multimodal_tensors, "phi3": phi3_tensors,
+}
 
 
 def _values(name: str, count: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
     """Random bf16 values for a tensor, a chunk at a time."""
-    is_norm = name.endswith("norm.weight")
+    is_norm = "norm" in name and name.endswith("weight")
     for start in range(0, count, CHUNK_ELEMENTS):
         n = min(CHUNK_ELEMENTS, count - start)
         x = rng.standard_normal(n, dtype=np.float32)
