@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
+import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,15 +16,17 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
 
 import architectures
-from builder import hub
+from builder import __version__, hub, record
 from builder.architecture import DecoderInfo
 from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
-from builder.genai_config import genai_config, write_genai_files
+from builder.genai_config import TOKENIZER_FILES, genai_config, write_genai_files
 from builder.graph import Graph
 from builder.hf_config import read_json
 from builder.io import DecoderIO
 from builder.options import BuildOptions
+from builder.record import hash_inputs
+from builder.report import Estimate, estimate, human
 from builder.save import check_output, save_model, staged_folder
 
 log = logging.getLogger("builder")
@@ -37,6 +43,14 @@ class Plan:
     checkpoint: Checkpoint
     model: ir.Model
     generation: dict[str, Any]
+    estimate: Estimate
+
+    @property
+    def parameters(self) -> int:
+        used = {n for names in self.graph_sources.values() for n in names}
+        return sum(math.prod(self.checkpoint.info(n).shape) for n in used)
+
+    graph_sources: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
 def source_folder(options: BuildOptions) -> Path:
@@ -54,11 +68,18 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     names = raw.get("architectures") or []
     if not names:
         raise BuildError(f"{folder / 'config.json'} names no architecture (the 'architectures' key)")
+    if raw.get("auto_map") and names[0] not in architectures.ARCHITECTURES:
+        raise BuildError(
+            f"{names[0]} needs the checkpoint's own Python code (auto_map / trust_remote_code), which "
+            f"builder never runs; supported: {', '.join(sorted(architectures.ARCHITECTURES))}"
+        )
     module = architectures.load(names[0])
     config = module.parse_config(raw, names[0])
-    info = module.info(config)
-    checkpoint = Checkpoint.open(folder)
     target = options.target()
+    info = module.info(config)
+    if target.context_length:
+        info = dataclasses.replace(info, context_length=target.context_length)
+    checkpoint = Checkpoint.open(folder)
 
     g = Graph()
     windowed = info.sliding_window_layers if target.windowed_kv_cache else []
@@ -71,7 +92,54 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
 
     generation_path = folder / "generation_config.json"
     generation = read_json(generation_path, "model") if generation_path.is_file() else {}
-    return Plan(folder, names[0], config, info, checkpoint, model, generation)
+    source_bytes = {name: sum(checkpoint.info(s).nbytes for s in srcs) for name, srcs in g.sources.items()}
+    return Plan(folder, names[0], config, info, checkpoint, model, generation,
+                estimate(model, source_bytes), dict(g.sources))
+
+
+def describe(p: Plan, options: BuildOptions) -> str:
+    """The plan in words: what --dry-run prints."""
+    e = p.estimate
+    genai = len(json.dumps(genai_config(p.info, options.target(), p.generation, options.search), indent=4))
+    tokenizer = {n: (p.source / n).stat().st_size for n in TOKENIZER_FILES if (p.source / n).is_file()}
+    lines = [
+        f"architecture     {p.architecture} ({p.info.model_type}), {p.info.num_layers} layers, "
+        f"hidden {p.info.hidden_size}, heads {p.info.num_attention_heads}/{p.info.num_kv_heads}, head {p.info.head_size}",
+        f"parameters       {p.parameters:,} in {len(p.checkpoint.tensors)} checkpoint tensors "
+        f"({human(p.checkpoint.nbytes)})",
+        f"build            {options.precision}, {options.execution_provider}, activations {options.resolved_io_dtype}, "
+        f"context {p.info.context_length}",
+        "operators        " + ", ".join(f"{op} {n}" for op, n in e.ops.items()),
+        f"output           {options.output_folder}",
+        f"  model.onnx       ~{human(e.proto_bytes)}",
+        f"  model.onnx.data  {human(e.data_bytes)}",
+        f"  genai_config.json ~{human(genai)}",
+        *(f"  {n:16s} {human(size)}" for n, size in tokenizer.items()),
+        f"disk needed      {human(disk_need(p, options))}",
+        f"peak memory      ~{human(e.peak_rss)} (predicted)",
+    ]
+    return "\n".join(lines)
+
+
+def disk_need(p: Plan, options: BuildOptions) -> int:
+    tokenizer = sum((p.source / n).stat().st_size for n in TOKENIZER_FILES if (p.source / n).is_file())
+    return p.estimate.data_bytes + p.estimate.proto_bytes + tokenizer + 64 * 1024
+
+
+def check_disk(p: Plan, options: BuildOptions) -> None:
+    """Refuses to start a build the output's file system has no room for."""
+    parent = options.output_folder.resolve().parent
+    while not parent.exists():
+        parent = parent.parent
+    free = shutil.disk_usage(parent).free
+    need = disk_need(p, options)
+    if free < need:
+        raise BuildError(f"{parent} has {human(free)} free but the build writes {human(need)}")
+
+
+def dry_run(options: BuildOptions) -> str:
+    """Reads config.json and the safetensors headers only; returns the plan's description."""
+    return describe(plan(options, source_folder(options)), options)
 
 
 def build(options: BuildOptions, progress: bool = True) -> Path:
@@ -79,17 +147,21 @@ def build(options: BuildOptions, progress: bool = True) -> Path:
 
     Example:
         >>> from builder import BuildOptions, build
-        >>> build(BuildOptions(model="./tiny-llama", output=Path("out/tiny"), precision="fp32"))  # doctest: +SKIP
+        >>> build(BuildOptions(model="./tiny-llama", output="out/tiny", precision="fp32"))  # doctest: +SKIP
     """
     started = time.perf_counter()
     output = options.output_folder
     check_output(output, options.overwrite)  # fail before downloading or reading anything
     folder = source_folder(options)
     p = plan(options, folder)
-    log.info("%s: %d layers, %d tensors, %.1f MB of weights", p.architecture, p.info.num_layers,
-             len(p.checkpoint.tensors), p.checkpoint.nbytes / 1e6)
+    check_disk(p, options)
+    log.info("%s: %d layers, %s parameters, %s of weights", p.architecture, p.info.num_layers,
+             f"{p.parameters:,}", human(p.checkpoint.nbytes))
+    inputs = [f for f in folder.iterdir() if f.is_file() and not f.name.startswith(".")]
+    hashes = hash_inputs(inputs)
     with staged_folder(output, options.overwrite) as staging:
         save_model(p.model, staging, progress=progress)
-        write_genai_files(folder, staging, genai_config(p.info, options.target(), p.generation))
+        write_genai_files(folder, staging, genai_config(p.info, options.target(), p.generation, options.search))
+        record.write(staging / "build.yaml", record.build_record(options, folder, hashes.result(), __version__))
     log.info("wrote %s in %.1f s", output, time.perf_counter() - started)
     return output

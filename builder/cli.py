@@ -1,4 +1,4 @@
-"""python -m builder: command-line flags -> BuildOptions -> build(). Errors are one line and exit 2."""
+"""python -m builder: flags (and a YAML file) -> BuildOptions -> build(). Errors are one line, exit 2."""
 
 from __future__ import annotations
 
@@ -6,78 +6,87 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
+from builder import config_file
 from builder.errors import BuildError
-from builder.options import DEFAULT_PRECISION, EXECUTION_PROVIDERS, PRECISIONS, BuildOptions
+from builder.options import fields
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def parser() -> argparse.ArgumentParser:
+    """Every BuildOptions field but `search` is a flag; only flags given on the line override the YAML."""
     p = argparse.ArgumentParser(
         prog="python -m builder",
         description="Build an ONNX Runtime / onnxruntime-genai model from a Hugging Face decoder checkpoint.",
+        argument_default=argparse.SUPPRESS,
     )
-    p.add_argument("-m", "--model", help="Hugging Face id (org/name) or local folder")
-    p.add_argument("-i", "--input", type=Path, help="local folder to read instead of downloading --model")
-    p.add_argument("-o", "--output", type=Path, help="output folder (default: <model name>-<precision>-<ep>)")
-    p.add_argument("-p", "--precision", choices=PRECISIONS, default=DEFAULT_PRECISION)
-    p.add_argument("-e", "--execution-provider", choices=EXECUTION_PROVIDERS, default="cpu")
-    p.add_argument("--revision", help="hub revision (branch, tag or commit)")
-    q = p.add_argument_group("int4 / int8 quantization")
-    q.add_argument("--block-size", type=int, default=32, help="elements of K per scale: 16, 32, 64, 128, 256 (default 32)")
-    q.add_argument("--asymmetric", action="store_true", help="per-block zero points (default: symmetric)")
-    q.add_argument("--accuracy-level", type=int, help="MatMulNBits accuracy_level 0-4 (default: 4 on cpu, 0 on cuda)")
-    q.add_argument("--exclude-lm-head", action="store_true", help="keep lm_head in float")
-    q.add_argument("--quantize-embeddings", action="store_true", help="quantize an untied embedding table too")
-    q.add_argument("--float-layers", action="append", default=[], metavar="PATTERN",
-                   help="module paths to keep in float, fnmatch style (e.g. 'model.layers.0.*'); repeatable")
-    p.add_argument("--full-kv-cache", action="store_true",
-                   help="sliding-window layers get a context-long KV cache (default: window-long ring buffers)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing non-empty output folder")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.add_argument("--config", metavar="FILE.yaml", help="read options from a YAML file; flags override it")
+    for f in fields():
+        m, kind = f.metadata, f.metadata["kind"]
+        if kind is dict:
+            continue
+        names = [n for n in (m["short"], m["flag"] or _flag(f.name)) if n]
+        kwargs = dict(dest=f.name, help=m["help"])
+        if kind is bool:
+            kwargs.update(action="store_const", const=m["flag_value"] if m["flag"] else True)
+        elif kind is list:
+            kwargs.update(action="append", metavar="PATTERN")
+        else:
+            kwargs.update(type=kind)
+            if m["choices"]:
+                kwargs["choices"] = m["choices"]
+        p.add_argument(*names, **kwargs)
+    p.add_argument("--dry-run", action="store_true", default=False,
+                   help="read config.json and the safetensors headers, print the plan, write nothing")
+    p.add_argument("-q", "--quiet", action="store_true", default=False, help="errors only")
+    p.add_argument("-v", "--verbose", action="store_true", default=False, help="more detail")
+    p.add_argument("--debug", action="store_true", default=False, help="tracebacks instead of one-line errors")
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    log = logging.getLogger("builder")
-    log.handlers[:] = [handler]
-    log.propagate = False
-    log.setLevel(logging.WARNING if args.quiet else logging.INFO)
-    try:
-        if args.model is None and args.input is None:
-            raise BuildError("give --model (a Hugging Face id or folder) or --input (a local folder)")
-        from builder.build import build  # imported after argument parsing keeps --help instant
+CLI_ONLY = ("config", "dry_run", "quiet", "verbose", "debug")
 
-        options = BuildOptions(
-            model=args.model or str(args.input),
-            output=args.output,
-            input=args.input,
-            precision=args.precision,
-            execution_provider=args.execution_provider,
-            overwrite=args.overwrite,
-            revision=args.revision,
-            block_size=args.block_size,
-            symmetric=not args.asymmetric,
-            accuracy_level=args.accuracy_level,
-            exclude_lm_head=args.exclude_lm_head,
-            quantize_embeddings=args.quantize_embeddings,
-            float_layers=tuple(args.float_layers),
-            full_kv_cache=args.full_kv_cache,
-        )
-        out = build(options, progress=not args.quiet)
+
+def _describe(key: str) -> str:
+    for f in fields():
+        if f.name == key:
+            return f.metadata["flag"] or _flag(key)
+    return _flag(key)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = vars(parser().parse_args(argv))
+    flags = {k: args.pop(k) for k in CLI_ONLY if k in args}
+    _setup_logging(flags["quiet"], flags["verbose"])
+    try:
+        options = config_file.options(flags.get("config"), args, _describe)
+        from builder.build import build, dry_run  # after parsing, so --help stays instant
+
+        if flags["dry_run"]:
+            print(dry_run(options))
+            return 0
+        out = build(options, progress=not flags["quiet"])
     except BuildError as e:
-        if args.debug:
+        if flags["debug"]:
             raise
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        if args.debug:
+        if flags["debug"]:
             raise
         print("error: interrupted; nothing was written", file=sys.stderr)
         return 130
     print(out)
     return 0
+
+
+def _setup_logging(quiet: bool, verbose: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log = logging.getLogger("builder")
+    log.handlers[:] = [handler]
+    log.propagate = False
+    log.setLevel(logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO)

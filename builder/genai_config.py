@@ -28,8 +28,12 @@ TOKENIZER_FILES = (
 SEARCH_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0}
 
 
-def genai_config(info: DecoderInfo, target: Target, generation: dict[str, Any], filename: str = "model.onnx") -> dict[str, Any]:
-    """The decoder's genai_config.json; generation_config.json's token ids and sampling settings win."""
+def genai_config(
+    info: DecoderInfo, target: Target, generation: dict[str, Any], search: dict[str, Any] | None = None,
+    filename: str = "model.onnx",
+) -> dict[str, Any]:
+    """The decoder's genai_config.json. generation_config.json's token ids and sampling settings
+    override config.json's; the build's own `search` settings override both."""
     bos = generation.get("bos_token_id", info.bos_token_id)
     eos = token_ids(generation.get("eos_token_id")) or info.eos_token_ids
     pad = generation.get("pad_token_id", info.pad_token_id)
@@ -64,7 +68,7 @@ def genai_config(info: DecoderInfo, target: Target, generation: dict[str, Any], 
             "layers": info.sliding_window_layers,
             "cache_slack": 0,
         }
-    search = {k: generation.get(k, v) if generation.get(k) is not None else v for k, v in SEARCH_DEFAULTS.items()}
+    sampling = {k: generation[k] if generation.get(k) is not None else v for k, v in SEARCH_DEFAULTS.items()}
     model: dict[str, Any] = {} if bos is None else {"bos_token_id": bos}  # genai rejects a null id
     return {
         "model": {
@@ -87,7 +91,8 @@ def genai_config(info: DecoderInfo, target: Target, generation: dict[str, Any], 
             "num_return_sequences": 1,
             # GroupQueryAttention reads and writes the KV cache in place in one max-length buffer.
             "past_present_share_buffer": True,
-            **search,
+            **sampling,
+            **(search or {}),
         },
     }
 

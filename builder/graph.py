@@ -51,6 +51,8 @@ class Graph:
         self._node_names: set[str] = set()
         self._initializer_names: set[str] = set()
         self._constants: dict[tuple, ir.Value] = {}
+        # initializer name -> the checkpoint tensors its recipe reads (for plans and records)
+        self.sources: dict[str, tuple[str, ...]] = {}
 
     @contextlib.contextmanager
     def scope(self, *parts: str) -> Iterator[None]:
@@ -92,13 +94,21 @@ class Graph:
             value.name = "" if i in unused else f"{name}/output_{i}"
         return outputs[0] if num_outputs == 1 else outputs
 
+    def scoped_name(self, name: str) -> str:
+        """`name` prefixed with the current scope, dotted: `model.layers.0.mlp.down_proj.weight`."""
+        return ".".join([*self._scope, name]) if self._scope else name
+
     def weight(self, name: str, weight: Weight) -> ir.Value:
         """Registers a lazy initializer named after the current scope (`model.layers.0.mlp.weight`)."""
-        full = ".".join([*self._scope, name]) if self._scope else name
-        if full in self._initializer_names:
-            raise ValueError(f"initializer {full!r} defined twice")
-        self._initializer_names.add(full)
-        return self.tape.initializer(weight.to_ir(full), name=full)
+        full = self.scoped_name(name)
+        return self.lazy_initializer(full, weight.to_ir(full), weight.sources)
+
+    def lazy_initializer(self, name: str, tensor: ir.TensorProtocol, sources: tuple[str, ...] = ()) -> ir.Value:
+        if name in self._initializer_names:
+            raise ValueError(f"initializer {name!r} defined twice")
+        self._initializer_names.add(name)
+        self.sources[name] = sources
+        return self.tape.initializer(tensor, name=name)
 
     def constant(self, value: np.ndarray | Sequence[int] | int | float, dtype: np.dtype | type | None = None) -> ir.Value:
         """A small constant initializer (shapes, axes, scalars), shared between all its uses."""

@@ -1,13 +1,19 @@
-"""BuildOptions: the one schema of a build, shared by the command line and YAML files."""
+"""BuildOptions: the one schema of a build. Command-line flags and YAML keys both come from it.
+
+Each field is an option: its YAML key is the field name (`execution_provider`), its flag the
+same with dashes (`--execution-provider`), its kind, allowed values and help live in the field's
+metadata. Validation runs when the options are made, before any file is read, and names the key.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import ml_dtypes
+import numpy as np
 
 from builder.errors import BuildError
 from builder.quantize import BLOCK_SIZES
@@ -16,98 +22,174 @@ from builder.target import Quantization, Target
 PRECISIONS = ("int4", "int8", "fp16", "bf16", "fp32")
 QUANTIZED = {"int4": 4, "int8": 8}
 EXECUTION_PROVIDERS = ("cpu", "cuda")
-DEFAULT_PRECISION = "int4"
+IO_DTYPES = ("fp32", "fp16", "bf16")
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)
+DEFAULT_PRECISION = "int4"
 
-_FLOAT = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16)}
+_DTYPES = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16)}
 # Quantized models keep float activations: fp32 on CPU (MatMulNBits' fastest CPU path), fp16 on CUDA.
-_QUANTIZED_IO = {"cpu": np.dtype(np.float32), "cuda": np.dtype(np.float16)}
+_QUANTIZED_IO = {"cpu": "fp32", "cuda": "fp16"}
 # MatMulNBits compute type: int8 activations on CPU (4), the input's own type on CUDA (0).
 _DEFAULT_ACCURACY = {"cpu": 4, "cuda": 0}
-
-# Why a pair is refused, for the pairs ONNX Runtime cannot run well.
+# Activation dtypes ONNX Runtime cannot run on a provider, and why.
 _REFUSED = {
-    ("bf16", "cpu"): "ONNX Runtime's CPU kernels have no bfloat16 GroupQueryAttention/MatMul; use fp32 on cpu or bf16 on cuda",
-    ("fp32", "cuda"): "GroupQueryAttention on CUDA needs fp16 or bf16; use -p fp16 or -p bf16 with -e cuda",
+    ("bf16", "cpu"): "ONNX Runtime's CPU kernels have no bfloat16 GroupQueryAttention/MatMul; use fp32 or fp16 on cpu, bf16 on cuda",
+    ("fp32", "cuda"): "GroupQueryAttention on CUDA needs fp16 or bf16 activations",
 }
+# genai_config.json "search" keys a build may set, and their types.
+SEARCH_KEYS: dict[str, tuple[type, ...]] = {
+    "do_sample": (bool,), "temperature": (int, float), "top_k": (int,), "top_p": (int, float),
+    "repetition_penalty": (int, float), "max_length": (int,), "min_length": (int,), "num_beams": (int,),
+    "num_return_sequences": (int,), "length_penalty": (int, float), "no_repeat_ngram_size": (int,),
+    "diversity_penalty": (int, float), "early_stopping": (bool,),
+}
+
+
+class OptionError(BuildError):
+    """A bad option value; `key` names the option so each front end can point at it."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"{key}: {message}")
+        self.key = key
+        self.message = message
+
+
+def option(default: Any, kind: type, help: str, choices: tuple | None = None, short: str | None = None,
+           flag: str | None = None, flag_value: Any = None):
+    """A field of BuildOptions. `flag`/`flag_value` make a boolean flag that sets another value
+    (`--asymmetric` sets symmetric to False)."""
+    meta = {"kind": kind, "help": help, "choices": choices, "short": short, "flag": flag, "flag_value": flag_value}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
 class BuildOptions:
     """Everything a build needs to know, validated before any weight is read.
 
-    Attributes:
-        model: a Hugging Face id (org/name) or a local folder.
-        output: the folder to write; default `<model name>-<precision>-<ep>` in the current folder.
-        input: a local folder to read instead of downloading `model`.
-        precision: weights' format: fp32, fp16 or bf16.
-        execution_provider: cpu or cuda.
-        overwrite: replace an existing, non-empty output folder.
-        revision: the hub revision (branch, tag or commit) to download.
-        block_size: int4/int8: elements of K per scale (16, 32, 64, 128, 256).
-        symmetric: int4/int8: no zero points (False: per-block zero points).
-        accuracy_level: int4/int8: MatMulNBits accuracy_level; None picks 4 on cpu, 0 on cuda.
-        exclude_lm_head: int4/int8: keep lm_head in float.
-        quantize_embeddings: int4: quantize an untied embedding table (GatherBlockQuantized).
-        float_layers: int4/int8: fnmatch patterns of module paths kept in float.
-        full_kv_cache: give sliding-window layers a context-long KV cache like the others
-            (default: a window-long ring buffer; see the README's I/O section).
+    Example:
+        >>> BuildOptions(model="Qwen/Qwen3-0.6B", precision="fp16", execution_provider="cuda").target().io_dtype
+        dtype('float16')
     """
 
-    model: str
-    output: Path | None = None
-    input: Path | None = None
-    precision: str = DEFAULT_PRECISION
-    execution_provider: str = "cpu"
-    overwrite: bool = False
-    revision: str | None = None
-    block_size: int = 32
-    symmetric: bool = True
-    accuracy_level: int | None = None
-    exclude_lm_head: bool = False
-    quantize_embeddings: bool = False
-    float_layers: tuple[str, ...] = ()
-    full_kv_cache: bool = False
+    model: str | None = option(None, str, "Hugging Face id (org/name) or local folder", short="-m")
+    input: str | None = option(None, str, "local folder to read instead of downloading --model", short="-i")
+    output: str | None = option(None, str, "output folder (default: <model name>-<precision>-<ep>)", short="-o")
+    precision: str | None = option(None, str, f"weights: {', '.join(PRECISIONS)} (default {DEFAULT_PRECISION})",
+                                   PRECISIONS, short="-p")
+    execution_provider: str = option("cpu", str, "where the model runs", EXECUTION_PROVIDERS, short="-e")
+    revision: str | None = option(None, str, "hub revision (branch, tag or commit)")
+    overwrite: bool = option(False, bool, "replace an existing non-empty output folder")
+    bits: int | None = option(None, int, "quantized weight bits (4 or 8); the same as -p int4 / int8", (4, 8))
+    block_size: int = option(32, int, "int4/int8: elements of K per scale", BLOCK_SIZES)
+    symmetric: bool = option(True, bool, "int4/int8: per-block zero points (default: symmetric, none)",
+                             flag="--asymmetric", flag_value=False)
+    accuracy_level: int | None = option(None, int, "int4/int8: MatMulNBits accuracy_level (default 4 on cpu, 0 on cuda)",
+                                        ACCURACY_LEVELS)
+    exclude_lm_head: bool = option(False, bool, "int4/int8: keep lm_head in float")
+    quantize_embeddings: bool = option(False, bool, "int4: quantize an untied embedding table too")
+    float_layers: list[str] = option([], list, "int4/int8: modules kept in float, fnmatch patterns on "
+                                     "dotted paths such as 'model.layers.0.*' (repeatable)")
+    io_dtype: str | None = option(None, str, "int4/int8: activation dtype (default fp32 on cpu, fp16 on cuda)", IO_DTYPES)
+    context_length: int | None = option(None, int, "positions the model supports (default: max_position_embeddings)")
+    full_kv_cache: bool = option(False, bool, "sliding-window layers get a context-long KV cache "
+                                 "(default: window-long ring buffers)")
+    search: dict[str, Any] = option({}, dict, "genai_config.json search defaults (YAML only), e.g. {top_k: 40}")
 
     def __post_init__(self) -> None:
-        if self.precision not in PRECISIONS:
-            raise BuildError(f"precision {self.precision!r} is not one of: {', '.join(PRECISIONS)}")
-        if self.execution_provider not in EXECUTION_PROVIDERS:
-            raise BuildError(
-                f"execution provider {self.execution_provider!r} is not one of: {', '.join(EXECUTION_PROVIDERS)}"
-            )
-        reason = _REFUSED.get((self.precision, self.execution_provider))
+        for f in dataclasses.fields(self):
+            _check_kind(f, getattr(self, f.name))
+        set_ = object.__setattr__
+        set_(self, "float_layers", list(self.float_layers))
+        if self.model is None and self.input is None:
+            raise OptionError("model", "give a Hugging Face id or folder (or an input folder)")
+        precision = self.precision
+        if self.bits is not None:
+            implied = f"int{self.bits}"
+            if precision not in (None, implied):
+                raise OptionError("bits", f"{self.bits} contradicts precision {precision!r}")
+            precision = implied
+        set_(self, "precision", precision or DEFAULT_PRECISION)
+        if self.precision not in QUANTIZED and self.io_dtype not in (None, self.precision):
+            raise OptionError("io_dtype", f"a {self.precision} model's activations are {self.precision}")
+        io = self.resolved_io_dtype
+        reason = _REFUSED.get((io, self.execution_provider))
         if reason:
-            raise BuildError(f"-p {self.precision} -e {self.execution_provider} is not supported: {reason}")
-        if self.block_size not in BLOCK_SIZES:
-            raise BuildError(f"block size {self.block_size} is not one of: {', '.join(map(str, BLOCK_SIZES))}")
-        if self.accuracy_level is not None and self.accuracy_level not in ACCURACY_LEVELS:
-            raise BuildError(f"accuracy level {self.accuracy_level} is not one of: {', '.join(map(str, ACCURACY_LEVELS))}")
-        object.__setattr__(self, "float_layers", tuple(self.float_layers))
+            what = f"-p {self.precision}" + (f" with io_dtype {io}" if self.precision in QUANTIZED else "")
+            raise OptionError("precision", f"{what} -e {self.execution_provider} is not supported: {reason}")
+        if self.context_length is not None and self.context_length <= 0:
+            raise OptionError("context_length", f"{self.context_length} is not a positive number of positions")
+        for key, value in self.search.items():
+            if key not in SEARCH_KEYS:
+                raise OptionError("search", f"unknown key {key!r}; allowed: {', '.join(SEARCH_KEYS)}")
+            if isinstance(value, bool) != (SEARCH_KEYS[key] == (bool,)) or not isinstance(value, SEARCH_KEYS[key]):
+                raise OptionError("search", f"{key} must be {' or '.join(t.__name__ for t in SEARCH_KEYS[key])}, got {value!r}")
+
+    @property
+    def resolved_io_dtype(self) -> str:
+        if self.precision in QUANTIZED:
+            return self.io_dtype or _QUANTIZED_IO[self.execution_provider]
+        return self.precision
 
     @property
     def output_folder(self) -> Path:
         if self.output is not None:
-            return Path(self.output)
-        name = Path(self.model.rstrip("/")).name or "model"
+            return Path(self.output).expanduser()
+        name = Path((self.model or str(self.input)).rstrip("/")).name or "model"
         return Path.cwd() / f"{name}-{self.precision}-{self.execution_provider}"
 
     def target(self) -> Target:
         ep = self.execution_provider
-        windowed = not self.full_kv_cache
-        if self.precision not in QUANTIZED:
-            return Target(io_dtype=_FLOAT[self.precision], execution_provider=ep, windowed_kv_cache=windowed)
-        quantization = Quantization(
-            bits=QUANTIZED[self.precision],
-            block_size=self.block_size,
-            symmetric=self.symmetric,
-            accuracy_level=_DEFAULT_ACCURACY[ep] if self.accuracy_level is None else self.accuracy_level,
-            lm_head=not self.exclude_lm_head,
-            embeddings=self.quantize_embeddings,
-            float_layers=self.float_layers,
+        quantization = None
+        if self.precision in QUANTIZED:
+            quantization = Quantization(
+                bits=QUANTIZED[self.precision],
+                block_size=self.block_size,
+                symmetric=self.symmetric,
+                accuracy_level=_DEFAULT_ACCURACY[ep] if self.accuracy_level is None else self.accuracy_level,
+                lm_head=not self.exclude_lm_head,
+                embeddings=self.quantize_embeddings,
+                float_layers=tuple(self.float_layers),
+            )
+        return Target(
+            io_dtype=_DTYPES[self.resolved_io_dtype], execution_provider=ep, quantization=quantization,
+            windowed_kv_cache=not self.full_kv_cache, context_length=self.context_length,
         )
-        return Target(io_dtype=_QUANTIZED_IO[ep], execution_provider=ep, quantization=quantization,
-                      windowed_kv_cache=windowed)
 
-    def replace(self, **changes) -> BuildOptions:
+    def replace(self, **changes: Any) -> BuildOptions:
         return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The options as YAML keys (every key, defaults included, so a record is complete)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> BuildOptions:
+        """Options from YAML-style keys; an unknown key fails listing the known ones."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        for key in values:
+            if key not in known:
+                raise OptionError(key, f"unknown key; known keys: {', '.join(sorted(known))}")
+        return cls(**values)
+
+
+def _check_kind(f: dataclasses.Field, value: Any) -> None:
+    kind, choices = f.metadata["kind"], f.metadata["choices"]
+    if value is None and f.default is None:
+        return
+    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if kind is list:
+        ok = ok and all(isinstance(v, str) for v in value)
+    if kind is dict:
+        ok = ok and all(isinstance(k, str) for k in value)
+    if not ok:
+        expected = {str: "a string", int: "an integer", bool: "true or false", list: "a list of strings",
+                    dict: "a mapping"}[kind]
+        raise OptionError(f.name, f"expected {expected}, got {value!r}")
+    if choices is not None and value not in choices:
+        raise OptionError(f.name, f"{value!r} is not one of: {', '.join(map(str, choices))}")
+
+
+def fields() -> tuple[dataclasses.Field, ...]:
+    return dataclasses.fields(BuildOptions)

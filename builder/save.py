@@ -21,6 +21,8 @@ DATA_FILE = "model.onnx.data"
 MAX_IN_FLIGHT_BYTES = 512 * 1024 * 1024
 # Initializers up to this size live in model.onnx itself (constants, not weights).
 INLINE_BYTES = 1024
+# Writer threads: casting and quantizing in numpy release the GIL, so each core computes a tensor.
+MAX_WORKERS = os.cpu_count() or 1
 
 
 def save_model(model: ir.Model, folder: Path, progress: bool = True) -> None:
@@ -44,7 +46,7 @@ def save_model(model: ir.Model, folder: Path, progress: bool = True) -> None:
             # Shapes and axes stay inline, where ONNX Runtime's shape inference reads them.
             size_threshold_bytes=INLINE_BYTES,
             callback=callback,
-            max_workers=os.cpu_count() or 1,
+            max_workers=MAX_WORKERS,
             max_in_flight_bytes=MAX_IN_FLIGHT_BYTES,
         )
     finally:

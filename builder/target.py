@@ -48,12 +48,18 @@ class Target:
         quantization: how linear layers are quantized, or None for float weights.
         windowed_kv_cache: sliding-window layers keep a KV cache only the window long (a ring
             buffer GroupQueryAttention manages), instead of one as long as the context.
+        context_length: positions to support instead of the model's max_position_embeddings.
     """
 
     io_dtype: np.dtype
     execution_provider: str = "cpu"
     quantization: Quantization | None = None
     windowed_kv_cache: bool = True
+    context_length: int | None = None
+
+    def positions(self, max_position_embeddings: int) -> int:
+        """Rows of the rotary tables: the context length asked for, else the model's."""
+        return self.context_length or max_position_embeddings
 
     def quantizes(self, module: str) -> bool:
         return self.quantization is not None and self.quantization.applies_to(module)

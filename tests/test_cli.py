@@ -32,7 +32,7 @@ def test_output_folder_contents_and_genai_config(tiny_llama, tmp_path, capsys):
     rc, err = run(capsys, "-m", str(src), "-o", str(out), "-q")
     assert rc == 0, err
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["model.onnx", "model.onnx.data", "genai_config.json", "tokenizer.json", "tokenizer_config.json"])
+        ["model.onnx", "model.onnx.data", "genai_config.json", "tokenizer.json", "tokenizer_config.json", "build.yaml"])
     cfg = json.loads((out / "genai_config.json").read_text())
     model = cfg["model"]
     assert model["eos_token_id"] == [2, 7] and model["bos_token_id"] == 1  # generation_config wins

@@ -47,11 +47,11 @@ def quantized_weight(g: Graph, weight: Weight, q: Quantization, scale_dtype: np.
         return parts
 
     shared = SharedResult(compute)
-    prefix = ".".join(g.path.strip("/").split("/"))
 
     def register(part: str, shape, dtype) -> ir.Value:
-        name = f"{prefix}.{part}"
-        return g.tape.initializer(shared.tensor(part, shape, dtype, name), name=name)
+        name = g.scoped_name(part)
+        # The data part maps the source; scales and zero points come out of the same computation.
+        return g.lazy_initializer(name, shared.tensor(part, shape, dtype, name), weight.sources if part == "data" else ())
 
     return QuantizedValues(
         data=register("data", data_shape, np.uint8),

@@ -147,7 +147,7 @@ def rotary_tables(g: Graph, rope: Rope, max_positions: int, target: Target, name
             f"rotary dimension {rope.rotary_dim} is not a multiple of 16, which GroupQueryAttention's "
             "fused rotary embedding requires"
         )
-    cos, sin = rope.caches(max_positions, target.io_dtype)
+    cos, sin = rope.caches(target.positions(max_positions), target.io_dtype)
     with g.scope("model", "rotary_emb"):
         return g.weight(f"{name}cos_cache", cos), g.weight(f"{name}sin_cache", sin)
 

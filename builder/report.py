@@ -1,0 +1,55 @@
+"""What a build will do, known before it runs: sizes, op histogram, predicted peak memory and disk.
+
+Everything here reads the recorded graph and the safetensors headers only; no weight is computed.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+
+import onnx_ir as ir
+
+from builder.quantize import ROW_CHUNK_ELEMENTS
+from builder.save import INLINE_BYTES, MAX_WORKERS
+
+# Interpreter, numpy, onnx_ir and the recorded graph, measured on a tiny build (about 80 MB) plus margin.
+BASE_RSS = 128 * 2**20
+# float32 temporaries of one quantization chunk (input, codes, rounding), per writer thread.
+QUANTIZE_SCRATCH = 6 * 4 * ROW_CHUNK_ELEMENTS
+
+
+@dataclass(frozen=True)
+class Estimate:
+    data_bytes: int  # model.onnx.data
+    proto_bytes: int  # model.onnx
+    peak_rss: int
+    ops: dict[str, int]
+
+
+def _weights(model: ir.Model):
+    return [v.const_value for v in model.graph.initializers.values() if v.const_value is not None]
+
+
+def estimate(model: ir.Model, source_bytes: dict[str, int]) -> Estimate:
+    """`source_bytes`: for each initializer, the bytes of checkpoint tensors its recipe maps at once."""
+    tensors = _weights(model)
+    external = [t for t in tensors if t.nbytes > INLINE_BYTES]
+    data = sum(t.nbytes for t in external)
+    # The proto holds the graph, inline constants and ~100 bytes of external-data record per weight.
+    nodes = sum(1 for _ in model.graph.all_nodes())
+    proto = sum(t.nbytes for t in tensors if t.nbytes <= INLINE_BYTES) + 160 * len(external) + 400 * nodes
+    # Peak: each writer thread holds one tensor's mapped source pages and its output; the largest
+    # such pairs run together in the worst case.
+    per_tensor = sorted((source_bytes.get(t.name, 0) + t.nbytes for t in external), reverse=True)
+    peak = BASE_RSS + sum(per_tensor[:MAX_WORKERS]) + MAX_WORKERS * QUANTIZE_SCRATCH
+    ops = collections.Counter(f"{n.domain + '::' if n.domain else ''}{n.op_type}" for n in model.graph.all_nodes())
+    return Estimate(data, proto, peak, dict(sorted(ops.items())))
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n:.1f} TB"
