@@ -53,6 +53,7 @@ class Graph:
         self._constants: dict[tuple, ir.Value] = {}
         # initializer name -> the checkpoint tensors its recipe reads (for plans and records)
         self.sources: dict[str, tuple[str, ...]] = {}
+        self._by_products: set[str] = set()
 
     @contextlib.contextmanager
     def scope(self, *parts: str) -> Iterator[None]:
@@ -103,12 +104,32 @@ class Graph:
         full = self.scoped_name(name)
         return self.lazy_initializer(full, weight.to_ir(full), weight.sources)
 
-    def lazy_initializer(self, name: str, tensor: ir.TensorProtocol, sources: tuple[str, ...] = ()) -> ir.Value:
+    def lazy_initializer(
+        self, name: str, tensor: ir.TensorProtocol, sources: tuple[str, ...] = (), by_product: bool = False
+    ) -> ir.Value:
+        """Registers an initializer. A `by_product` (a quantized weight's scales) comes out of the
+        computation of the initializer registered before it; it is written one tensor later, so
+        that the writer's threads start the next computation instead of waiting on this one."""
         if name in self._initializer_names:
             raise ValueError(f"initializer {name!r} defined twice")
         self._initializer_names.add(name)
         self.sources[name] = sources
-        return self.tape.initializer(tensor, name=name)
+        value = self.tape.initializer(tensor, name=name)
+        if by_product:
+            self._by_products.add(name)
+        return value
+
+    def _write_order(self) -> list[ir.Value]:
+        """Initializers in registration order, each by-product moved after the next main tensor."""
+        ordered, waiting, pending = [], [], []
+        for value in self.tape.initializers:
+            if value.name in self._by_products:
+                pending.append(value)
+                continue
+            ordered.append(value)
+            ordered.extend(waiting)
+            waiting, pending = pending, []
+        return ordered + waiting + pending
 
     def constant(self, value: np.ndarray | Sequence[int] | int | float, dtype: np.dtype | type | None = None) -> ir.Value:
         """A small constant initializer (shapes, axes, scalars), shared between all its uses."""
@@ -124,7 +145,7 @@ class Graph:
             inputs=inputs,
             outputs=outputs,
             nodes=self.tape.nodes,
-            initializers=self.tape.initializers,
+            initializers=self._write_order(),
             opset_imports={"": OPSET, MS_DOMAIN: 1},
             name="main_graph",
         )

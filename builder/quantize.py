@@ -57,7 +57,7 @@ def _quantize_rows(w: np.ndarray, bits: int, block_size: int, symmetric: bool, s
     if k_blocks * block_size != k:
         w = np.pad(w, ((0, 0), (0, k_blocks * block_size - k)))
     blocks = w.reshape(n, k_blocks, block_size)
-    lo, hi = blocks.min(axis=2), blocks.max(axis=2)
+    lo, hi = _block_min_max(blocks)
     top = np.float32((1 << bits) - 1)
     if symmetric:
         m = np.where(np.abs(hi) > np.abs(lo), hi, lo)
@@ -73,14 +73,32 @@ def _quantize_rows(w: np.ndarray, bits: int, block_size: int, symmetric: bool, s
     stored = scales.astype(np.float32)
     with np.errstate(divide="ignore"):
         reciprocal = np.where(stored != 0, np.float32(1) / stored, np.float32(0)).astype(np.float32)
-    codes = blocks * reciprocal[:, :, None]
-    codes += zp[:, :, None]
-    codes = np.clip(round_half_away(codes), 0, top).astype(np.uint8)
+    x = blocks * reciprocal[:, :, None]  # in place from here on: one float32 chunk of scratch
+    x += zp[:, :, None]
+    codes = np.rint(x)
+    # rint halves to even; roundf halves away from zero. Only ties differ, and only those at
+    # +n.5 matter: negative values clip to 0 whichever way they round.
+    np.subtract(x, codes, out=x)
+    codes += x == 0.5
+    np.clip(codes, 0, top, out=codes)
+    codes = codes.astype(np.uint8)
     if k_blocks * block_size != k:
         # ONNX Runtime leaves the padding's codes at 0. (Zero padding cannot change a block's
         # scale: min(·, 0) / max(·, 0) and the largest magnitude ignore added zeros.)
         codes.reshape(n, -1)[:, k:] = 0
     return codes, scales, zp.astype(np.uint8)
+
+
+def _block_min_max(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-block min and max by halving (numpy's reductions over a short last axis are slow)."""
+    half = blocks.shape[2] // 2
+    lo = np.minimum(blocks[:, :, :half], blocks[:, :, half:])
+    hi = np.maximum(blocks[:, :, :half], blocks[:, :, half:])
+    while half > 1:
+        half //= 2
+        np.minimum(lo[:, :, :half], lo[:, :, half : 2 * half], out=lo[:, :, :half])
+        np.maximum(hi[:, :, :half], hi[:, :, half : 2 * half], out=hi[:, :, :half])
+    return lo[:, :, 0], hi[:, :, 0]
 
 
 def _pack(values: np.ndarray, bits: int, pad_value: int) -> np.ndarray:

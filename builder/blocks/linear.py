@@ -51,7 +51,9 @@ def quantized_weight(g: Graph, weight: Weight, q: Quantization, scale_dtype: np.
     def register(part: str, shape, dtype) -> ir.Value:
         name = g.scoped_name(part)
         # The data part maps the source; scales and zero points come out of the same computation.
-        return g.lazy_initializer(name, shared.tensor(part, shape, dtype, name), weight.sources if part == "data" else ())
+        main = part == "data"
+        return g.lazy_initializer(name, shared.tensor(part, shape, dtype, name), weight.sources if main else (),
+                                  by_product=not main)
 
     return QuantizedValues(
         data=register("data", data_shape, np.uint8),
