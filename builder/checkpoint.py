@@ -192,7 +192,9 @@ def mapped(info: TensorInfo) -> Iterator[np.ndarray]:
         return
     start = info.offset - info.offset % mmap.ALLOCATIONGRANULARITY
     with open(info.path, "rb") as f:
-        mm = mmap.mmap(f.fileno(), info.offset - start + info.nbytes, offset=start, access=mmap.ACCESS_READ)
+        # MAP_POPULATE: the kernel reads the range in one go instead of one page fault per 4 KB.
+        mm = mmap.mmap(f.fileno(), info.offset - start + info.nbytes, offset=start,
+                       flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ)
     try:
         array = np.frombuffer(mm, info.dtype, int(np.prod(info.shape)), info.offset - start).reshape(info.shape)
         yield array

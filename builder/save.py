@@ -4,6 +4,7 @@ that is renamed into place only once complete."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import shutil
 import sys
@@ -25,8 +26,26 @@ INLINE_BYTES = 1024
 MAX_WORKERS = os.cpu_count() or 1
 
 
+def reuse_freed_memory() -> None:
+    """Lets glibc keep freed tensor buffers (up to 1 GiB each) for the next tensor instead of
+    returning them to the kernel, which would zero fresh pages again for every weight: a quarter
+    less system time on a 1B build. Peak memory is unchanged: it is set by the largest tensors."""
+    if sys.platform != "linux":
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    libc.mallopt(m_mmap_threshold, 1 << 30)
+    libc.mallopt(m_trim_threshold, 1 << 30)
+
+
 def save_model(model: ir.Model, folder: Path, progress: bool = True) -> None:
     """ir.save with every initializer in one external file, each lazy weight computed as it is written."""
+    reuse_freed_memory()
     total = sum(v.const_value.nbytes for v in model.graph.initializers.values())
     bar = None
     if progress:
@@ -38,6 +57,8 @@ def save_model(model: ir.Model, folder: Path, progress: bool = True) -> None:
         if bar is not None:
             bar.update(tensor.nbytes)
 
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # the writer allocates no cycles; collections only cost time (6% in a profile)
     try:
         ir.save(
             model,
@@ -50,6 +71,8 @@ def save_model(model: ir.Model, folder: Path, progress: bool = True) -> None:
             max_in_flight_bytes=MAX_IN_FLIGHT_BYTES,
         )
     finally:
+        if gc_was_enabled:
+            gc.enable()
         if bar is not None:
             bar.close()
 
