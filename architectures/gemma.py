@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from builder.architecture import DecoderInfo
+from builder.architecture import DecoderInfo, output_embedding
 from builder.blocks import (
     AttentionSpec,
     AttentionWeights,
@@ -31,8 +31,8 @@ from builder.blocks import (
     rotary_tables,
     self_attention,
     sequence_lengths,
+    shared_vocabulary,
     skip_rms_norm,
-    tied_quantized_lm_head,
 )
 from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
@@ -205,15 +205,10 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: GemmaConfig, target: Tar
     lengths = sequence_lengths(g, io.attention_mask)
 
     embed = w("embed_tokens.weight", V, H)
-    if c.tie_word_embeddings:
-        head = embed
-        if "lm_head.weight" in ckpt:
-            ckpt.consume("lm_head.weight")  # transformers ties it to the embedding and ignores it
-    else:
-        head = ckpt.weight("lm_head.weight", (V, H))
-    shared_head = tied_quantized_lm_head(g, head, target) if c.tie_word_embeddings else None
+    head = output_embedding(ckpt, embed, c.tie_word_embeddings, (V, H))
+    shared = shared_vocabulary(g, head, target) if c.tie_word_embeddings else None
     with g.scope("model", "embed_tokens"):
-        x = embedding(g, io.input_ids, embed, target, scale=float(np.sqrt(H)), quantized=shared_head)
+        x = embedding(g, io.input_ids, embed, target, scale=float(np.sqrt(H)), shared=shared)
 
     residual, presents, branch = x, [], None
     for i in range(c.num_hidden_layers):
@@ -261,5 +256,5 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: GemmaConfig, target: Tar
 
     with g.scope("model", "norm"):
         h, _ = skip_rms_norm(g, branch, residual, norm("norm.weight", H), c.rms_norm_eps, target)
-    logits = lm_head(g, h, head, target, softcap=c.final_logit_softcapping, quantized=shared_head)
+    logits = lm_head(g, h, head, target, softcap=c.final_logit_softcapping, shared=shared)
     return logits, presents

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.architecture import DecoderInfo
+from builder.architecture import DecoderInfo, output_embedding
 from builder.blocks import (
     AttentionSpec,
     AttentionWeights,
@@ -27,8 +27,8 @@ from builder.blocks import (
     rotary_tables,
     self_attention,
     sequence_lengths,
+    shared_vocabulary,
     skip_rms_norm,
-    tied_quantized_lm_head,
 )
 from builder.checkpoint import Checkpoint
 from builder.graph import Graph
@@ -115,15 +115,10 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: Phi3Config, target: Targ
         rotary = rotary_tables(g, rope, c.max_position_embeddings, target)
 
     embed = w("model.embed_tokens.weight", V, H)
-    if c.tie_word_embeddings:
-        head = embed
-        if "lm_head.weight" in ckpt:
-            ckpt.consume("lm_head.weight")  # transformers ties it to the embedding and ignores it
-    else:
-        head = w("lm_head.weight", V, H)
-    shared_head = tied_quantized_lm_head(g, head, target) if c.tie_word_embeddings else None
+    head = output_embedding(ckpt, embed, c.tie_word_embeddings, (V, H))
+    shared = shared_vocabulary(g, head, target) if c.tie_word_embeddings else None
     with g.scope("model", "embed_tokens"):
-        x = embedding(g, io.input_ids, embed, target, quantized=shared_head)
+        x = embedding(g, io.input_ids, embed, target, shared=shared)
 
     residual, presents, mlp_out = x, [], None
     for i in range(c.num_hidden_layers):
@@ -150,5 +145,5 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: Phi3Config, target: Targ
 
     with g.scope("model", "norm"):
         h, _ = skip_rms_norm(g, mlp_out, residual, w("model.norm.weight", H), c.rms_norm_eps, target)
-    logits = lm_head(g, h, head, target, quantized=shared_head)
+    logits = lm_head(g, h, head, target, shared=shared)
     return logits, presents

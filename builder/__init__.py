@@ -1,19 +1,25 @@
 """builder: Hugging Face decoder checkpoints -> ONNX Runtime models, lazily and exactly.
 
-The public surface: build a model from options, or craft one from blocks.
+Two ways in. Build a supported model from options (what the command line does):
 
-Example:
     >>> from builder import BuildOptions, build
     >>> build(BuildOptions(model="Qwen/Qwen3-0.6B", precision="fp16", execution_provider="cuda"))  # doctest: +SKIP
+
+Or craft a decoder from blocks, with lazy weights from any safetensors files, and save it
+(scripts/craft_gelu_llama.py is a worked example):
+
+    >>> from builder import Checkpoint, DecoderIO, Graph, Target, blocks, save  # doctest: +SKIP
 """
 
+from builder import blocks
 from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
 from builder.graph import Graph
 from builder.io import DecoderIO
 from builder.lazy import Weight
 from builder.options import BuildOptions
-from builder.target import Target
+from builder.output import save
+from builder.target import Quantization, Target
 
 __version__ = "0.1.0"
 
@@ -25,4 +31,17 @@ def build(options: BuildOptions, progress: bool = True):
     return _build(options, progress=progress)
 
 
-__all__ = ["BuildError", "BuildOptions", "Checkpoint", "DecoderIO", "Graph", "Target", "Weight", "__version__", "build"]
+__all__ = [
+    "BuildError",
+    "BuildOptions",
+    "Checkpoint",
+    "DecoderIO",
+    "Graph",
+    "Quantization",
+    "Target",
+    "Weight",
+    "__version__",
+    "blocks",
+    "build",
+    "save",
+]

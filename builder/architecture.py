@@ -10,6 +10,7 @@ import onnx_ir as ir
 from builder.checkpoint import Checkpoint
 from builder.graph import Graph
 from builder.io import DecoderIO
+from builder.lazy import Weight
 from builder.target import Target
 
 
@@ -44,3 +45,13 @@ class Architecture(Protocol):
     def build(
         self, g: Graph, io: DecoderIO, ckpt: Checkpoint, config: Any, target: Target
     ) -> tuple[ir.Value, list[tuple[ir.Value, ir.Value]]]: ...
+
+
+def output_embedding(ckpt: Checkpoint, embed: Weight, tied: bool, shape: tuple[int, int], name: str = "lm_head.weight") -> Weight:
+    """lm_head's weight: the embedding when tied (a stored lm_head copy, which transformers
+    ignores then, is accounted for), else the checkpoint's own."""
+    if not tied:
+        return ckpt.weight(name, shape)
+    if name in ckpt:
+        ckpt.consume(name)
+    return embed

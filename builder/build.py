@@ -27,7 +27,7 @@ from builder.io import DecoderIO
 from builder.options import BuildOptions
 from builder.record import hash_inputs
 from builder.report import Estimate, estimate, human
-from builder.save import check_output, save_model, staged_folder
+from builder.output import check_output, save_model, staged_folder
 
 log = logging.getLogger("builder")
 
@@ -159,9 +159,12 @@ def build(options: BuildOptions, progress: bool = True) -> Path:
              f"{p.parameters:,}", human(p.checkpoint.nbytes))
     inputs = [f for f in folder.iterdir() if f.is_file() and not f.name.startswith(".")]
     hashes = hash_inputs(inputs)
-    with staged_folder(output, options.overwrite) as staging:
-        save_model(p.model, staging, progress=progress)
-        write_genai_files(folder, staging, genai_config(p.info, options.target(), p.generation, options.search))
-        record.write(staging / "build.yaml", record.build_record(options, folder, hashes.result(), __version__))
+    try:
+        with staged_folder(output, options.overwrite) as staging:
+            save_model(p.model, staging, progress=progress)
+            write_genai_files(folder, staging, genai_config(p.info, options.target(), p.generation, options.search))
+            record.write(staging / "build.yaml", record.build_record(options, folder, hashes.result(), __version__))
+    except OSError as e:  # a full disk, a vanished mount: the staging folder is already gone
+        raise BuildError(f"writing {output} failed: {e.strerror or e}; nothing was written") from None
     log.info("wrote %s in %.1f s", output, time.perf_counter() - started)
     return output

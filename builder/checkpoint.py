@@ -149,6 +149,8 @@ class Checkpoint:
     def weight(self, name: str, shape: Iterable[int] | None = None) -> Weight:
         """A lazy recipe for tensor `name`; marks it consumed. `shape`, if given, is checked."""
         info = self.info(name)
+        if info.dtype.kind != "f" and info.dtype != DTYPES["BF16"]:
+            raise BuildError(f"tensor {name!r} has dtype {info.dtype.name}; a weight must be floating point")
         if shape is not None and tuple(shape) != info.shape:
             raise BuildError(
                 f"tensor {name!r} has shape {list(info.shape)} but config.json implies {list(shape)}"

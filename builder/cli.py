@@ -41,13 +41,16 @@ def parser() -> argparse.ArgumentParser:
         p.add_argument(*names, **kwargs)
     p.add_argument("--dry-run", action="store_true", default=False,
                    help="read config.json and the safetensors headers, print the plan, write nothing")
+    p.add_argument("--verify", action="store_true", default=False,
+                   help="after building, compare the model's logits with transformers' (needs the test extras)")
     p.add_argument("-q", "--quiet", action="store_true", default=False, help="errors only")
     p.add_argument("-v", "--verbose", action="store_true", default=False, help="more detail")
     p.add_argument("--debug", action="store_true", default=False, help="tracebacks instead of one-line errors")
     return p
 
 
-CLI_ONLY = ("config", "dry_run", "quiet", "verbose", "debug")
+CLI_ONLY = ("config", "dry_run", "verify", "quiet", "verbose", "debug")
+VERIFY_FAILED = 3
 
 
 def _describe(key: str) -> str:
@@ -69,6 +72,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(dry_run(options))
             return 0
         out = build(options, progress=not flags["quiet"])
+        if flags["verify"]:
+            from builder.build import source_folder
+            from builder.verify import verify
+
+            verdict = verify(options, out, source_folder(options))
+            print(verdict, file=sys.stderr)
+            if not verdict.passed:
+                print(out)
+                return VERIFY_FAILED
     except BuildError as e:
         if flags["debug"]:
             raise

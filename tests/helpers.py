@@ -64,7 +64,8 @@ class OnnxDecoder:
 
         # Sliding-window layers built with a ring-buffer cache take a past exactly the window
         # long (zeros before the first token); genai_config.json names them.
-        window = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"].get("sliding_window")
+        genai = folder / "genai_config.json"
+        window = json.loads(genai.read_text())["model"]["decoder"].get("sliding_window") if genai.is_file() else None
         self.window_layers = set(window["layers"]) if window else set()
         self.window = window["window_size"] if window else 0
 

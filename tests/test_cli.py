@@ -8,7 +8,7 @@ import onnx
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from builder import save as save_module
+from builder import output as save_module
 from builder.cli import main
 
 
@@ -153,3 +153,22 @@ def test_input_flag_reads_local_folder_named_by_model(tiny_llama, tmp_path, caps
     rc, err = run(capsys, "-m", "meta-llama/Llama-3.2-1B", "-i", str(tiny_llama), "-q")
     assert rc == 0, err
     assert (tmp_path / "Llama-3.2-1B-int4-cpu" / "model.onnx").is_file()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int4", "int8"])
+def test_tied_vocabulary_is_stored_once(tmp_path, precision):
+    from conftest import TINY
+    from helpers import make_checkpoint
+
+    src = make_checkpoint(tmp_path / "src", "LlamaConfig", **{**TINY, "tie_word_embeddings": True})
+    out = tmp_path / "out"
+    assert main(["-m", str(src), "-o", str(out), "-q", "-p", precision]) == 0
+    model = onnx.load(out / "model.onnx", load_external_data=False)
+    vocab_sized = [t.name for t in model.graph.initializer if TINY["vocab_size"] in t.dims]
+    ops = {n.op_type for n in model.graph.node}
+    if precision == "int8":  # GatherBlockQuantized reads 4-bit data only: a float lookup table remains
+        assert vocab_sized == ["model.embed_tokens.weight", "lm_head.data", "lm_head.scales"] or len(vocab_sized) == 3
+    elif precision == "int4":
+        assert "GatherBlockQuantized" in ops and "model.embed_tokens.weight" not in vocab_sized
+    else:
+        assert vocab_sized == ["model.embed_tokens.weight"] and "FusedMatMul" in ops

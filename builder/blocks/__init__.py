@@ -3,7 +3,7 @@
 from builder.blocks.attention import AttentionSpec, AttentionWeights, SequenceLengths, self_attention, sequence_lengths
 from builder.blocks.embedding import embedding
 from builder.blocks.linear import QuantizedValues, linear, quantized_weight
-from builder.blocks.lm_head import lm_head, tied_quantized_lm_head
+from builder.blocks.lm_head import lm_head, shared_vocabulary
 from builder.blocks.mlp import activation, gated_mlp
 from builder.blocks.norm import rms_norm, skip_rms_norm
 from builder.blocks.rope import Rope, longrope_tables, rotary_tables
@@ -25,6 +25,6 @@ __all__ = [
     "rotary_tables",
     "self_attention",
     "sequence_lengths",
+    "shared_vocabulary",
     "skip_rms_norm",
-    "tied_quantized_lm_head",
 ]

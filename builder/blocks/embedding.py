@@ -12,21 +12,23 @@ from builder.target import Target
 
 def embedding(
     g: Graph, input_ids: ir.Value, weight: Weight, target: Target,
-    scale: float | None = None, quantized: QuantizedValues | None = None,
+    scale: float | None = None, shared: QuantizedValues | ir.Value | None = None,
 ) -> ir.Value:
     """Gathers rows of the [vocab, hidden] matrix; `scale` multiplies the result (Gemma's √hidden).
 
-    `quantized` (a tied lm_head's 4-bit matrix) makes the lookup a GatherBlockQuantized over it;
+    `shared` (blocks.shared_vocabulary's, for tied embeddings) is the float table to gather from,
+    or lm_head's 4-bit matrix, which makes the lookup a GatherBlockQuantized over it;
     with Quantization.embeddings set, an untied table is quantized for the lookup alone. The scale
     is rounded to the IO dtype first, as Hugging Face does with its `normalizer` buffer.
     """
     q = target.quantization
-    if quantized is None and q is not None and q.embeddings and q.bits == 4:
-        quantized = quantized_weight(g, weight, q, target.io_dtype)
-    if quantized is not None:
-        x = _gather_quantized(g, input_ids, quantized, target)
+    if shared is None and q is not None and q.embeddings and q.bits == 4:
+        shared = quantized_weight(g, weight, q, target.io_dtype)
+    if isinstance(shared, QuantizedValues):
+        x = _gather_quantized(g, input_ids, shared, target)
     else:
-        x = g.op.Gather(g.weight("weight", weight.astype(target.io_dtype)), input_ids, axis=0)
+        table = shared if shared is not None else g.weight("weight", weight.astype(target.io_dtype))
+        x = g.op.Gather(table, input_ids, axis=0)
     if scale is not None:
         x = g.op.Mul(x, g.constant(scale, target.io_dtype))
     return x

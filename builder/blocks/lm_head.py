@@ -11,11 +11,22 @@ from builder.lazy import Weight
 from builder.target import Target
 
 
-def tied_quantized_lm_head(g: Graph, weight: Weight, target: Target) -> QuantizedValues | None:
-    """When lm_head is quantized to 4 bits, its quantized matrix, registered once so that a tied
-    embedding can gather from it (GatherBlockQuantized) instead of storing a second copy."""
+Shared = QuantizedValues | ir.Value
+
+
+def shared_vocabulary(g: Graph, weight: Weight, target: Target) -> Shared | None:
+    """One stored vocabulary matrix for tied embeddings and lm_head.
+
+    A 4-bit lm_head's quantized matrix (the lookup gathers from it with GatherBlockQuantized), or —
+    when lm_head stays in float — the [vocab, hidden] table itself, which lm_head multiplies
+    transposed (FusedMatMul transB=1) instead of storing a transposed copy. None for an 8-bit
+    lm_head: GatherBlockQuantized reads 4-bit data only, so the lookup keeps its own float table.
+    """
+    if not target.quantizes("lm_head"):
+        with g.scope("model", "embed_tokens"):
+            return g.weight("weight", weight.astype(target.io_dtype))
     q = target.quantization
-    if q is None or q.bits != 4 or not target.quantizes("lm_head"):
+    if q.bits != 4:
         return None
     with g.scope("lm_head"):
         return quantized_weight(g, weight, q, target.io_dtype)
@@ -23,11 +34,15 @@ def tied_quantized_lm_head(g: Graph, weight: Weight, target: Target) -> Quantize
 
 def lm_head(
     g: Graph, x: ir.Value, weight: Weight, target: Target,
-    softcap: float | None = None, quantized: QuantizedValues | None = None,
+    softcap: float | None = None, shared: Shared | None = None,
 ) -> ir.Value:
-    """logits = x · Wᵀ, optionally soft-capped (softcap · tanh(logits / softcap)), in the logits dtype."""
+    """logits = x · Wᵀ, optionally soft-capped (softcap · tanh(logits / softcap)), in the logits dtype.
+    `shared` is what shared_vocabulary registered for tied embeddings."""
     with g.scope("lm_head"):
-        logits = linear(g, x, weight, target, quantized=quantized)
+        if isinstance(shared, ir.Value):
+            logits = g.ms.FusedMatMul(x, shared, transB=1)  # (B, S, H) · (V, H)ᵀ
+        else:
+            logits = linear(g, x, weight, target, quantized=shared)
         out_dtype = logits_dtype(target.io_dtype)
         if out_dtype != target.io_dtype:
             logits = g.op.Cast(logits, to=ir.DataType.from_numpy(out_dtype))

@@ -26,6 +26,7 @@ def activation(g: Graph, x: ir.Value, name: str) -> ir.Value:
 def gated_mlp(
     g: Graph, x: ir.Value, gate: Weight, up: Weight, down: Weight, act: str, target: Target
 ) -> ir.Value:
+    """down_proj(act(gate_proj(x)) · up_proj(x)), each projection float or quantized per `target`."""
     with g.scope("gate_proj"):
         gate_out = linear(g, x, gate, target)
     with g.scope("up_proj"):

@@ -9,6 +9,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +25,40 @@ MAX_IN_FLIGHT_BYTES = 512 * 1024 * 1024
 INLINE_BYTES = 1024
 # Writer threads: casting and quantizing in numpy release the GIL, so each core computes a tensor.
 MAX_WORKERS = os.cpu_count() or 1
+
+
+class Progress:
+    """Bytes done, rate and ETA on stderr: a live bar on a terminal, else a plain line per 10%."""
+
+    def __init__(self, total: int, what: str):
+        self.total, self.what, self.done = total, what, 0
+        self.started = time.perf_counter()
+        self.bar = None
+        self.next_line = 0.1
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="B", unit_scale=True, desc=what, file=sys.stderr, leave=False)
+
+    def advance(self, nbytes: int) -> None:
+        self.done += nbytes
+        if self.bar is not None:
+            self.bar.update(nbytes)
+            return
+        fraction = self.done / self.total if self.total else 1.0
+        if fraction >= self.next_line or self.done == self.total:
+            elapsed = time.perf_counter() - self.started
+            eta = elapsed / fraction - elapsed if fraction else 0.0
+            from builder.report import human
+
+            print(f"{self.what}: {fraction:4.0%} ({human(self.done)} of {human(self.total)}), "
+                  f"{elapsed:.0f} s, ETA {eta:.0f} s", file=sys.stderr, flush=True)
+            while self.next_line <= fraction:
+                self.next_line += 0.1
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def reuse_freed_memory() -> None:
@@ -47,15 +82,11 @@ def save_model(model: ir.Model, folder: Path, progress: bool = True) -> None:
     """ir.save with every initializer in one external file, each lazy weight computed as it is written."""
     reuse_freed_memory()
     total = sum(v.const_value.nbytes for v in model.graph.initializers.values())
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=total, unit="B", unit_scale=True, desc="writing weights", file=sys.stderr, leave=False)
+    report = Progress(total, "reading, converting and writing weights") if progress else None
 
     def callback(tensor: ir.TensorProtocol, _info) -> None:
-        if bar is not None:
-            bar.update(tensor.nbytes)
+        if report is not None:
+            report.advance(tensor.nbytes)
 
     gc_was_enabled = gc.isenabled()
     gc.disable()  # the writer allocates no cycles; collections only cost time (6% in a profile)
@@ -73,8 +104,8 @@ def save_model(model: ir.Model, folder: Path, progress: bool = True) -> None:
     finally:
         if gc_was_enabled:
             gc.enable()
-        if bar is not None:
-            bar.close()
+        if report is not None:
+            report.close()
 
 
 def check_output(folder: Path, overwrite: bool) -> None:
@@ -109,3 +140,16 @@ def staged_folder(final: Path, overwrite: bool) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def save(model: ir.Model, folder: str | os.PathLike, overwrite: bool = False, progress: bool = False) -> Path:
+    """Writes `model` (lazy weights and all) as folder/model.onnx + model.onnx.data, atomically.
+
+    Example:
+        >>> from builder import save
+        >>> save(model, "out/my-model")  # doctest: +SKIP
+    """
+    folder = Path(folder)
+    with staged_folder(folder, overwrite) as staging:
+        save_model(model, staging, progress=progress)
+    return folder

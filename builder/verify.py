@@ -1,0 +1,122 @@
+"""--verify: the built model in ONNX Runtime against the checkpoint in transformers, on one prompt.
+
+Needs the test extras (torch, transformers, onnxruntime); imported only when asked for. For int4 /
+int8 builds the reference runs on the same rounding of the original weights (fake quantization
+with this package's quantizer, proved bit-exact with ONNX Runtime's), so the comparison measures
+the graph, not the expected quantization error.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from builder.errors import BuildError
+from builder.options import BuildOptions
+from builder.quantize import dequantize, quantize
+
+PROMPT_TEXT = "The capital of France is Paris. The capital of Germany is"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    max_abs_diff: float
+    relative: float
+    cosine: float
+    top1: float
+    passed: bool
+
+    def __str__(self) -> str:
+        return (f"verify: max |diff| {self.max_abs_diff:.3g} (relative {self.relative:.3g}), cosine {self.cosine:.6f}, "
+                f"top-1 agreement {self.top1:.0%} -> {'PASS' if self.passed else 'FAIL'}")
+
+
+# cosine floor and top-1 floor per activation/weight format: fp32 is exact up to summation order;
+# fp16 rounds every op; int4/int8 at accuracy level 4 also rounds activations to int8.
+TOLERANCE = {"fp32": (0.99999, 1.0), "fp16": (0.999, 0.9), "int8": (0.999, 0.9), "int4": (0.998, 0.8)}
+
+
+def _graph_module(name: str) -> str:
+    """The graph's module path for a transformers Linear (fused q/k/v, no multimodal prefix)."""
+    name = re.sub(r"\.(q|k|v)_proj$", ".qkv_proj", name).replace("language_model.model.", "model.")
+    return name.replace("model.language_model.", "model.")
+
+
+def _reference_model(folder: Path, options: BuildOptions):
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        raise BuildError("--verify needs the test extras: pip install -e '.[test]'") from None
+    config = json.loads((folder / "config.json").read_text())
+    auto = (transformers.AutoModelForImageTextToText if config["architectures"][0].endswith("ConditionalGeneration")
+            else transformers.AutoModelForCausalLM)
+    model = auto.from_pretrained(folder, dtype=torch.float32).eval()
+    target = options.target()
+    q = target.quantization
+    if q is not None:
+        with torch.no_grad():
+            for name, module in model.named_modules():
+                if isinstance(module, torch.nn.Linear) and target.quantizes(_graph_module(name)):
+                    w = module.weight.numpy()
+                    m = quantize(w, q.bits, q.block_size, q.symmetric, np.float32)
+                    module.weight.copy_(torch.from_numpy(dequantize(m, w.shape[1], q.bits)))
+    return model
+
+
+def _prompt(folder: Path, vocab: int) -> list[int]:
+    try:
+        import transformers
+
+        ids = transformers.AutoTokenizer.from_pretrained(folder).encode(PROMPT_TEXT)
+        if ids and max(ids) < vocab:
+            return ids
+    except Exception:  # noqa: BLE001 - no usable tokenizer: fall back to fixed ids
+        pass
+    return [int(i) % vocab for i in (1, 415, 5565, 302, 4843, 349, 5465, 28723, 415, 5565, 302)]
+
+
+def verify(options: BuildOptions, output: Path, folder: Path) -> Verdict:
+    import onnxruntime as ort
+    import torch
+
+    if options.resolved_io_dtype == "bf16":
+        raise BuildError("--verify runs ONNX Runtime on the CPU, which has no bfloat16 kernels; verify a fp16 build")
+    model = _reference_model(folder, options)
+    session = ort.InferenceSession(str(output / "model.onnx"), providers=["CPUExecutionProvider"])
+    genai = json.loads((output / "genai_config.json").read_text())["model"]
+    decoder = genai["decoder"]
+    window = decoder.get("sliding_window") or {}
+    ids = _prompt(folder, genai["vocab_size"])
+    dtype = np.float16 if options.resolved_io_dtype == "fp16" else np.float32
+    names = [o.name for o in session.get_outputs()]
+
+    def run(tokens, past, total):
+        feed = {"input_ids": np.array([tokens], np.int64), "attention_mask": np.ones((1, total), np.int64)}
+        for i in range(decoder["num_hidden_layers"]):
+            cap = window["window_size"] if i in window.get("layers", []) else 0
+            for kind in ("key", "value"):
+                feed[f"past_key_values.{i}.{kind}"] = past[f"present.{i}.{kind}"] if past else np.zeros(
+                    (1, decoder["num_key_value_heads"], cap, decoder["head_size"]), dtype)
+        return dict(zip(names, session.run(None, feed)))
+
+    with torch.no_grad():
+        ref = model(input_ids=torch.tensor([ids]), use_cache=True)
+        nxt = int(ref.logits[0, -1].argmax())
+        ref_step = model(input_ids=torch.tensor([[nxt]]), past_key_values=ref.past_key_values, use_cache=True)
+    first = run(ids, None, len(ids))
+    second = run([nxt], first, len(ids) + 1)
+    got = np.concatenate([first["logits"][0], second["logits"][0]]).astype(np.float64)
+    want = np.concatenate([ref.logits[0].numpy(), ref_step.logits[0].numpy()]).astype(np.float64)
+    diff = float(np.abs(got - want).max())
+    cosine = float((got * want).sum() / (np.linalg.norm(got) * np.linalg.norm(want)))
+    top1 = float((got.argmax(-1) == want.argmax(-1)).mean())
+    kind = options.precision if options.precision in TOLERANCE else "fp16"
+    if options.precision in ("int4", "int8") and options.resolved_io_dtype == "fp16":
+        kind = "int4"
+    min_cos, min_top1 = TOLERANCE[kind]
+    return Verdict(diff, diff / float(np.abs(want).max()), cosine, top1, cosine >= min_cos and top1 >= min_top1)

@@ -1,0 +1,51 @@
+"""The public Python API: pinned names, and the crafting example run end to end."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+
+import builder
+import builder.blocks
+from helpers import PROMPT, OnnxDecoder, relative_error
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from craft_gelu_llama import craft  # noqa: E402
+
+
+def test_public_names_are_pinned():
+    assert sorted(builder.__all__) == [
+        "BuildError", "BuildOptions", "Checkpoint", "DecoderIO", "Graph", "Quantization", "Target", "Weight",
+        "__version__", "blocks", "build", "save",
+    ]
+    assert sorted(builder.blocks.__all__) == [
+        "AttentionSpec", "AttentionWeights", "QuantizedValues", "Rope", "SequenceLengths", "activation",
+        "embedding", "gated_mlp", "linear", "lm_head", "longrope_tables", "quantized_weight", "rms_norm",
+        "rotary_tables", "self_attention", "sequence_lengths", "shared_vocabulary", "skip_rms_norm",
+    ]
+    for name in builder.__all__ + [f"blocks.{n}" for n in builder.blocks.__all__]:
+        obj = builder
+        for part in name.split("."):
+            obj = getattr(obj, part)
+        if callable(obj) and not isinstance(obj, type(builder)):
+            assert obj.__doc__, f"{name} has no docstring"
+
+
+def test_crafted_gelu_llama_matches_transformers_with_gelu(tiny_llama, tmp_path):
+    out = craft(tiny_llama, tmp_path / "gelu")
+    assert sorted(p.name for p in out.iterdir()) == ["model.onnx", "model.onnx.data"]
+    # The reference: the same checkpoint in transformers, its MLP activation switched likewise.
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama, hidden_act="gelu_pytorch_tanh",
+                                                              dtype=torch.float32).eval()
+    silu = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = model(torch.tensor([PROMPT])).logits[0].numpy()
+        unchanged = silu(torch.tensor([PROMPT])).logits[0].numpy()
+    got, _ = OnnxDecoder(out).run(PROMPT, None, len(PROMPT))
+    assert relative_error(got, expected) < 1e-4
+    assert relative_error(got, unchanged) > 1e-2  # the activation really changed
+    assert np.isfinite(got).all()

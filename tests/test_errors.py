@@ -1,0 +1,100 @@
+"""Bad input and bad luck: one line on stderr, a non-zero exit, no output folder, never a traceback."""
+
+import errno
+import json
+import shutil
+import struct
+
+import numpy as np
+import onnx_ir.external_data
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from builder.cli import main
+
+
+def run(capsys, *argv):
+    rc = main([str(a) for a in argv])
+    err = capsys.readouterr().err.strip()
+    return rc, err
+
+
+@pytest.fixture
+def src(tiny_llama, tmp_path):
+    return shutil.copytree(tiny_llama, tmp_path / "src")
+
+
+def assert_refused(capsys, tmp_path, argv, message, code=2):
+    out = tmp_path / "out"
+    rc, err = run(capsys, *argv, "-q", "-o", out)
+    assert rc == code, err
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and "Traceback" not in err, err
+    assert message in err, err
+    assert not out.exists()
+    assert not list(tmp_path.glob(".out.*")), "a staging folder was left behind"
+
+
+def edit_tensors(folder, fn):
+    tensors = load_file(folder / "model.safetensors")
+    fn(tensors)
+    save_file(tensors, folder / "model.safetensors")
+
+
+def test_missing_tensor(src, tmp_path, capsys):
+    edit_tensors(src, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
+    assert_refused(capsys, tmp_path, ["-m", src], "lacks tensor 'model.layers.1.mlp.up_proj.weight'")
+
+
+def test_shape_disagrees_with_config(src, tmp_path, capsys):
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps(dict(cfg, intermediate_size=96)))
+    assert_refused(capsys, tmp_path, ["-m", src], "has shape [128, 64] but config.json implies [96, 64]")
+
+
+def test_dtype_is_not_a_float(src, tmp_path, capsys):
+    edit_tensors(src, lambda t: t.update({"model.norm.weight": np.ones(64, np.int64)}))
+    assert_refused(capsys, tmp_path, ["-m", src], "'model.norm.weight' has dtype int64")
+
+
+def test_truncated_and_corrupt_checkpoints(src, tmp_path, capsys):
+    data = (src / "model.safetensors").read_bytes()
+    (src / "model.safetensors").write_bytes(data[: len(data) // 2])
+    assert_refused(capsys, tmp_path, ["-m", src], "truncated file")
+    (src / "model.safetensors").write_bytes(struct.pack("<Q", 20) + b'{"a": [1, 2, oops]} ' + data[100:])
+    assert_refused(capsys, tmp_path, ["-m", src], "corrupt safetensors header")
+
+
+def test_pickle_only_checkpoint(src, tmp_path, capsys):
+    (src / "model.safetensors").rename(src / "pytorch_model.bin")
+    assert_refused(capsys, tmp_path, ["-m", src], "never unpickles")
+
+
+def test_output_path_that_cannot_be_written(tiny_llama, tmp_path, capsys):
+    (tmp_path / "a-file").write_text("x")
+    rc, err = run(capsys, "-m", tiny_llama, "-q", "-o", tmp_path / "a-file" / "out")
+    assert rc == 2 and "cannot write to" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("failure, code, message", [
+    (OSError(errno.ENOSPC, "No space left on device"), 2, "No space left on device; nothing was written"),
+    (KeyboardInterrupt(), 130, "interrupted; nothing was written"),
+])
+def test_failure_in_the_middle_of_writing_weights(tiny_llama, tmp_path, capsys, monkeypatch, failure, code, message):
+    real = onnx_ir.external_data._write_tensor_at
+    written = []
+
+    def failing(tensor, file, offset):
+        if len(written) >= 3:  # after some weights are on disk
+            raise failure
+        written.append(tensor.name)
+        real(tensor, file, offset)
+
+    monkeypatch.setattr(onnx_ir.external_data, "_write_tensor_at", failing)
+    assert_refused(capsys, tmp_path, ["-m", tiny_llama, "-p", "fp32"], message, code)
+    assert len(written) == 3
+
+
+def test_unknown_precision_flag_is_argparse_usage(tiny_llama, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["-m", str(tiny_llama), "-p", "int3"])
+    assert e.value.code == 2

@@ -1,0 +1,33 @@
+"""--verify compares the built model with transformers and fails the command when they disagree."""
+
+import pytest
+
+from builder.cli import main
+from builder.graph import Graph
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int4", "int8"])
+def test_verify_passes_on_a_correct_build(tiny_llama, tmp_path, capsys, precision):
+    rc = main(["-m", str(tiny_llama), "-o", str(tmp_path / "out"), "-q", "-p", precision, "--verify"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    line = next(l for l in err.splitlines() if l.startswith("verify:"))
+    assert line.endswith("PASS") and "cosine" in line
+    if precision == "fp32":
+        assert "top-1 agreement 100%" in line
+
+
+def test_verify_catches_a_wrong_model(tiny_llama, tmp_path, capsys, monkeypatch):
+    # Break the graph the way a plausible bug would: interleaved instead of half-split rotary.
+    real = Graph.node
+
+    def wrong_rotary(self, op_type, inputs, attributes, *args, **kwargs):
+        if op_type == "GroupQueryAttention":
+            attributes = dict(attributes, rotary_interleaved=1)
+        return real(self, op_type, inputs, attributes, *args, **kwargs)
+
+    monkeypatch.setattr(Graph, "node", wrong_rotary)
+    rc = main(["-m", str(tiny_llama), "-o", str(tmp_path / "out"), "-q", "-p", "fp32", "--verify"])
+    err = capsys.readouterr().err
+    assert rc == 3
+    assert next(l for l in err.splitlines() if l.startswith("verify:")).endswith("FAIL")
