@@ -23,21 +23,25 @@ from builder.architecture import DecoderInfo, output_embedding
 from builder.blocks import (
     AttentionSpec,
     AttentionWeights,
+    DecoderLayer,
     Rope,
+    decoder_stack,
     embedding,
-    gated_mlp,
     lm_head,
-    rms_norm,
     rotary_tables,
-    self_attention,
     sequence_lengths,
     shared_vocabulary,
-    skip_rms_norm,
 )
 from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
 from builder.graph import Graph
-from builder.hf_config import effective_window, SCALED_ROPE_TYPES, from_dict, rope_parameters, token_ids
+from builder.hf_config import (
+    SCALED_ROPE_TYPES,
+    effective_window,
+    from_dict,
+    rope_parameters,
+    token_ids,
+)
 from builder.io import DecoderIO
 from builder.lazy import Weight
 from builder.target import Target
@@ -210,17 +214,11 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: GemmaConfig, target: Tar
     with g.scope("model", "embed_tokens"):
         x = embedding(g, io.input_ids, embed, target, scale=float(np.sqrt(H)), shared=shared)
 
-    residual, presents, branch = x, [], None
-    for i in range(c.num_hidden_layers):
-        p = f"layers.{i}."
-        with g.scope("model", f"layers.{i}"):
-            with g.scope("input_layernorm"):
-                if branch is None:
-                    h = rms_norm(g, x, norm(p + "input_layernorm.weight", H), c.rms_norm_eps, target)
-                else:
-                    h, residual = skip_rms_norm(g, branch, residual, norm(p + "input_layernorm.weight", H), c.rms_norm_eps, target)
-            a = p + "self_attn."
-            weights = AttentionWeights(
+    def layer(i: int) -> DecoderLayer:
+        p, a, m = f"layers.{i}.", f"layers.{i}.self_attn.", f"layers.{i}.mlp."
+        return DecoderLayer(
+            input_norm=norm(p + "input_layernorm.weight", H),
+            attention=AttentionWeights(
                 q=w(a + "q_proj.weight", q_dim, H), k=w(a + "k_proj.weight", kv_dim, H),
                 v=w(a + "v_proj.weight", kv_dim, H), o=w(a + "o_proj.weight", H, q_dim),
                 q_bias=w(a + "q_proj.bias", q_dim) if c.attention_bias else None,
@@ -229,32 +227,20 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: GemmaConfig, target: Tar
                 o_bias=w(a + "o_proj.bias", H) if c.attention_bias else None,
                 q_norm=norm(a + "q_norm.weight", D) if c.qk_norm else None,
                 k_norm=norm(a + "k_norm.weight", D) if c.qk_norm else None,
-            )
-            spec = AttentionSpec(
+            ),
+            spec=AttentionSpec(
                 c.num_attention_heads, c.num_key_value_heads, D,
                 scale=c.query_pre_attn_scalar ** -0.5 if c.query_pre_attn_scalar else None,
                 window=c.window(i), softcap=c.attn_logit_softcapping or 0.0, norm_eps=c.rms_norm_eps,
-            )
-            with g.scope("self_attn"):
-                attn, pk, pv = self_attention(g, h, io.past[i], lengths, rotary[c.layer_types[i]], weights, spec, target)
-            presents.append((pk, pv))
-            if c.sandwich_norms:
-                with g.scope("post_attention_layernorm"):
-                    attn = rms_norm(g, attn, norm(p + "post_attention_layernorm.weight", H), c.rms_norm_eps, target)
-                with g.scope("pre_feedforward_layernorm"):
-                    h, residual = skip_rms_norm(g, attn, residual, norm(p + "pre_feedforward_layernorm.weight", H), c.rms_norm_eps, target)
-            else:
-                with g.scope("post_attention_layernorm"):
-                    h, residual = skip_rms_norm(g, attn, residual, norm(p + "post_attention_layernorm.weight", H), c.rms_norm_eps, target)
-            m = p + "mlp."
-            with g.scope("mlp"):
-                branch = gated_mlp(g, h, w(m + "gate_proj.weight", I, H), w(m + "up_proj.weight", I, H),
-                                   w(m + "down_proj.weight", H, I), c.hidden_activation, target)
-            if c.sandwich_norms:
-                with g.scope("post_feedforward_layernorm"):
-                    branch = rms_norm(g, branch, norm(p + "post_feedforward_layernorm.weight", H), c.rms_norm_eps, target)
+            ),
+            rotary=rotary[c.layer_types[i]],
+            post_attention_norm=norm(p + "post_attention_layernorm.weight", H),
+            gate=w(m + "gate_proj.weight", I, H), up=w(m + "up_proj.weight", I, H), down=w(m + "down_proj.weight", H, I),
+            activation=c.hidden_activation,
+            pre_feedforward_norm=norm(p + "pre_feedforward_layernorm.weight", H) if c.sandwich_norms else None,
+            post_feedforward_norm=norm(p + "post_feedforward_layernorm.weight", H) if c.sandwich_norms else None,
+        )
 
-    with g.scope("model", "norm"):
-        h, _ = skip_rms_norm(g, branch, residual, norm("norm.weight", H), c.rms_norm_eps, target)
-    logits = lm_head(g, h, head, target, softcap=c.final_logit_softcapping, shared=shared)
-    return logits, presents
+    layers = (layer(i) for i in range(c.num_hidden_layers))
+    h, presents = decoder_stack(g, x, layers, norm("norm.weight", H), io, lengths, c.rms_norm_eps, target)
+    return lm_head(g, h, head, target, softcap=c.final_logit_softcapping, shared=shared), presents

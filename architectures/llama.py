@@ -10,21 +10,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-
 from builder.architecture import DecoderInfo, output_embedding
 from builder.blocks import (
     AttentionSpec,
     AttentionWeights,
+    DecoderLayer,
     Rope,
+    decoder_stack,
     embedding,
-    gated_mlp,
     lm_head,
-    rms_norm,
     rotary_tables,
-    self_attention,
     sequence_lengths,
     shared_vocabulary,
-    skip_rms_norm,
 )
 from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
@@ -140,7 +137,7 @@ def info(c: LlamaConfig) -> DecoderInfo:
 
 
 def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: LlamaConfig, target: Target):
-    H, D, V = c.hidden_size, c.head_dim, c.vocab_size
+    H, D, V, I = c.hidden_size, c.head_dim, c.vocab_size, c.intermediate_size
     q_dim, kv_dim = c.num_attention_heads * D, c.num_key_value_heads * D
 
     def w(name: str, *shape: int):
@@ -158,18 +155,14 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: LlamaConfig, target: Tar
     shared = shared_vocabulary(g, head, target) if c.tie_word_embeddings else None
     with g.scope("model", "embed_tokens"):
         x = embedding(g, io.input_ids, embed, target, shared=shared)
+    if c.mlp_bias:
+        raise BuildError("mlp_bias=true is not supported yet")
 
-    residual, presents, mlp_out = x, [], None
-    for i in range(c.num_hidden_layers):
-        p = f"model.layers.{i}."
-        with g.scope("model", f"layers.{i}"):
-            with g.scope("input_layernorm"):
-                if mlp_out is None:
-                    h = rms_norm(g, x, w(p + "input_layernorm.weight", H), c.rms_norm_eps, target)
-                else:
-                    h, residual = skip_rms_norm(g, mlp_out, residual, w(p + "input_layernorm.weight", H), c.rms_norm_eps, target)
-            a = p + "self_attn."
-            weights = AttentionWeights(
+    def layer(i: int) -> DecoderLayer:
+        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+        return DecoderLayer(
+            input_norm=w(f"model.layers.{i}.input_layernorm.weight", H),
+            attention=AttentionWeights(
                 q=w(a + "q_proj.weight", q_dim, H), k=w(a + "k_proj.weight", kv_dim, H),
                 v=w(a + "v_proj.weight", kv_dim, H), o=w(a + "o_proj.weight", H, q_dim),
                 q_bias=w(a + "q_proj.bias", q_dim) if c.qkv_bias else None,
@@ -178,26 +171,16 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: LlamaConfig, target: Tar
                 o_bias=w(a + "o_proj.bias", H) if c.attention_bias else None,
                 q_norm=w(a + "q_norm.weight", D) if c.qk_norm else None,
                 k_norm=w(a + "k_norm.weight", D) if c.qk_norm else None,
-            )
-            spec = AttentionSpec(c.num_attention_heads, c.num_key_value_heads, D, window=c.window(i), norm_eps=c.rms_norm_eps)
-            with g.scope("self_attn"):
-                attn, pk, pv = self_attention(g, h, io.past[i], lengths, rotary, weights, spec, target)
-            presents.append((pk, pv))
-            with g.scope("post_attention_layernorm"):
-                h, residual = skip_rms_norm(g, attn, residual, w(p + "post_attention_layernorm.weight", H), c.rms_norm_eps, target)
-            m = p + "mlp."
-            if c.mlp_bias:
-                raise BuildError("mlp_bias=true is not supported yet")
-            with g.scope("mlp"):
-                mlp_out = gated_mlp(
-                    g, h, w(m + "gate_proj.weight", c.intermediate_size, H), w(m + "up_proj.weight", c.intermediate_size, H),
-                    w(m + "down_proj.weight", H, c.intermediate_size), c.hidden_act, target,
-                )
+            ),
+            spec=AttentionSpec(c.num_attention_heads, c.num_key_value_heads, D, window=c.window(i), norm_eps=c.rms_norm_eps),
+            rotary=rotary,
+            post_attention_norm=w(f"model.layers.{i}.post_attention_layernorm.weight", H),
+            gate=w(m + "gate_proj.weight", I, H), up=w(m + "up_proj.weight", I, H), down=w(m + "down_proj.weight", H, I),
+            activation=c.hidden_act,
+        )
 
-    with g.scope("model", "norm"):
-        h, _ = skip_rms_norm(g, mlp_out, residual, w("model.norm.weight", H), c.rms_norm_eps, target)
-    logits = lm_head(g, h, head, target, shared=shared)
-    return logits, presents
-
+    layers = (layer(i) for i in range(c.num_hidden_layers))
+    h, presents = decoder_stack(g, x, layers, w("model.norm.weight", H), io, lengths, c.rms_norm_eps, target)
+    return lm_head(g, h, head, target, shared=shared), presents
 
 __all__ = ["IGNORED", "VARIANTS", "LlamaConfig", "build", "info", "parse_config"]

@@ -18,17 +18,15 @@ from builder.architecture import DecoderInfo, output_embedding
 from builder.blocks import (
     AttentionSpec,
     AttentionWeights,
+    DecoderLayer,
     Rope,
+    decoder_stack,
     embedding,
-    gated_mlp,
     lm_head,
     longrope_tables,
-    rms_norm,
     rotary_tables,
-    self_attention,
     sequence_lengths,
     shared_vocabulary,
-    skip_rms_norm,
 )
 from builder.checkpoint import Checkpoint
 from builder.graph import Graph
@@ -120,30 +118,21 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: Phi3Config, target: Targ
     with g.scope("model", "embed_tokens"):
         x = embedding(g, io.input_ids, embed, target, shared=shared)
 
-    residual, presents, mlp_out = x, [], None
-    for i in range(c.num_hidden_layers):
+    def layer(i: int) -> DecoderLayer:
         p = f"model.layers.{i}."
-        with g.scope("model", f"layers.{i}"):
-            with g.scope("input_layernorm"):
-                if mlp_out is None:
-                    h = rms_norm(g, x, w(p + "input_layernorm.weight", H), c.rms_norm_eps, target)
-                else:
-                    h, residual = skip_rms_norm(g, mlp_out, residual, w(p + "input_layernorm.weight", H), c.rms_norm_eps, target)
-            weights = AttentionWeights(
+        gate_up = w(p + "mlp.gate_up_proj.weight", 2 * I, H)  # gate rows, then up rows
+        return DecoderLayer(
+            input_norm=w(p + "input_layernorm.weight", H),
+            attention=AttentionWeights(
                 qkv=w(p + "self_attn.qkv_proj.weight", q_dim + 2 * kv_dim, H), o=w(p + "self_attn.o_proj.weight", H, q_dim),
-            )
-            spec = AttentionSpec(c.num_attention_heads, c.num_key_value_heads, D, window=c.window)
-            with g.scope("self_attn"):
-                attn, pk, pv = self_attention(g, h, io.past[i], lengths, rotary, weights, spec, target)
-            presents.append((pk, pv))
-            with g.scope("post_attention_layernorm"):
-                h, residual = skip_rms_norm(g, attn, residual, w(p + "post_attention_layernorm.weight", H), c.rms_norm_eps, target)
-            gate_up = w(p + "mlp.gate_up_proj.weight", 2 * I, H)
-            with g.scope("mlp"):
-                mlp_out = gated_mlp(g, h, gate_up.slice(0, 0, I), gate_up.slice(0, I, 2 * I),
-                                    w(p + "mlp.down_proj.weight", H, I), c.hidden_act, target)
+            ),
+            spec=AttentionSpec(c.num_attention_heads, c.num_key_value_heads, D, window=c.window),
+            rotary=rotary,
+            post_attention_norm=w(p + "post_attention_layernorm.weight", H),
+            gate=gate_up.slice(0, 0, I), up=gate_up.slice(0, I, 2 * I), down=w(p + "mlp.down_proj.weight", H, I),
+            activation=c.hidden_act,
+        )
 
-    with g.scope("model", "norm"):
-        h, _ = skip_rms_norm(g, mlp_out, residual, w("model.norm.weight", H), c.rms_norm_eps, target)
-    logits = lm_head(g, h, head, target, shared=shared)
-    return logits, presents
+    layers = (layer(i) for i in range(c.num_hidden_layers))
+    h, presents = decoder_stack(g, x, layers, w("model.norm.weight", H), io, lengths, c.rms_norm_eps, target)
+    return lm_head(g, h, head, target, shared=shared), presents

@@ -25,9 +25,9 @@ from builder.graph import Graph
 from builder.hf_config import read_json
 from builder.io import DecoderIO
 from builder.options import BuildOptions
+from builder.output import check_output, save_model, staged_folder
 from builder.record import hash_inputs
 from builder.report import Estimate, estimate, human
-from builder.output import check_output, save_model, staged_folder
 
 log = logging.getLogger("builder")
 

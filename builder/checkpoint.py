@@ -9,13 +9,11 @@ never accumulate in the process's memory.
 
 from __future__ import annotations
 
-import contextlib
 import fnmatch
 import json
-import mmap
 import os
 import struct
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +22,7 @@ import numpy as np
 
 from builder.errors import BuildError
 from builder.lazy import Weight
+from builder.mapping import mapped
 
 DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype(np.float64),
@@ -180,30 +179,3 @@ class Checkpoint:
     @property
     def nbytes(self) -> int:
         return sum(t.nbytes for t in self.tensors.values())
-
-
-@contextlib.contextmanager
-def mapped(info: TensorInfo) -> Iterator[np.ndarray]:
-    """A read-only array over the tensor's bytes in the page cache, unmapped on exit.
-
-    The caller must not keep a view of the array past the `with` block (`lazy.Weight` copies
-    its result out before leaving).
-    """
-    if info.nbytes == 0:
-        yield np.empty(info.shape, info.dtype)
-        return
-    start = info.offset - info.offset % mmap.ALLOCATIONGRANULARITY
-    with open(info.path, "rb") as f:
-        # MAP_POPULATE: the kernel reads the range in one go instead of one page fault per 4 KB.
-        mm = mmap.mmap(f.fileno(), info.offset - start + info.nbytes, offset=start,
-                       flags=mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), prot=mmap.PROT_READ)
-    try:
-        array = np.frombuffer(mm, info.dtype, int(np.prod(info.shape)), info.offset - start).reshape(info.shape)
-        yield array
-        del array
-    finally:
-        try:
-            mm.close()
-        except BufferError:
-            # A caller still holds a view; the mapping is released when that view is collected.
-            pass

@@ -66,7 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     _setup_logging(flags["quiet"], flags["verbose"])
     try:
         options = config_file.options(flags.get("config"), args, _describe)
-        from builder.build import build, dry_run  # after parsing, so --help stays instant
+        from builder.build import (  # after parsing, so --help stays instant
+            build,
+            dry_run,
+        )
 
         if flags["dry_run"]:
             print(dry_run(options))

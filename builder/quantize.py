@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from builder.mapping import release
+
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 BITS = (4, 8)
 # Elements quantized at a time (whole rows): bounds the float32 temporaries to ~4 MB each.
@@ -132,6 +134,7 @@ def quantize(rows, bits: int = 4, block_size: int = 32, symmetric: bool = True,
     for start in range(0, n, step):
         stop = min(n, start + step)
         chunk = np.asarray(rows[start:stop], dtype=np.float32)
+        release(rows[start:stop])  # a mapped source's pages for these rows are no longer needed
         codes, s, zp = _quantize_rows(chunk, bits, block_size, symmetric, np.dtype(scale_dtype))
         data[start:stop] = _pack(codes, bits, 0)
         scales[start:stop] = s

@@ -10,9 +10,8 @@ import numpy as np
 import onnx
 import torch
 import transformers
-from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmul_8bits
-
 from helpers import PROMPT, OnnxDecoder, relative_error
+from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmul_8bits
 
 
 def fake_quantize(weight: torch.Tensor, bits: int, block_size: int, symmetric: bool) -> torch.Tensor:

@@ -6,10 +6,10 @@ from pathlib import Path
 import numpy as np
 import torch
 import transformers
+from helpers import PROMPT, OnnxDecoder, relative_error
 
 import builder
 import builder.blocks
-from helpers import PROMPT, OnnxDecoder, relative_error
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -23,8 +23,8 @@ def test_public_names_are_pinned():
         "__version__", "blocks", "build", "save",
     ]
     assert sorted(builder.blocks.__all__) == [
-        "AttentionSpec", "AttentionWeights", "QuantizedValues", "Rope", "SequenceLengths", "activation",
-        "embedding", "gated_mlp", "linear", "lm_head", "longrope_tables", "quantized_weight", "rms_norm",
+        "AttentionSpec", "AttentionWeights", "DecoderLayer", "QuantizedValues", "Rope", "SequenceLengths", "activation",
+        "decoder_stack", "embedding", "gated_mlp", "linear", "lm_head", "longrope_tables", "quantized_weight", "rms_norm",
         "rotary_tables", "self_attention", "sequence_lengths", "shared_vocabulary", "skip_rms_norm",
     ]
     for name in builder.__all__ + [f"blocks.{n}" for n in builder.blocks.__all__]:

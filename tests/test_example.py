@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import transformers
-
 from helpers import assert_parity, build
 
 ROOT = Path(__file__).resolve().parent.parent

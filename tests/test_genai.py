@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 import torch
 import transformers
-
 from conftest import TINY
 from helpers import GENAI_PROMPT, build, make_checkpoint
 

@@ -5,11 +5,18 @@ import json
 import pytest
 import torch
 import transformers
-from safetensors.numpy import load_file, save_file
-
 from conftest import TINY
 from fake_quant import assert_quantized_parity
-from helpers import GENAI_PROMPT, PROMPT, OnnxDecoder, assert_parity, build, make_checkpoint, relative_error
+from helpers import (
+    GENAI_PROMPT,
+    PROMPT,
+    OnnxDecoder,
+    assert_parity,
+    build,
+    make_checkpoint,
+    relative_error,
+)
+from safetensors.numpy import load_file, save_file
 from test_genai import assert_same_greedy
 
 GEMMA = {**TINY, "head_dim": 16, "eos_token_id": 255}

@@ -2,7 +2,6 @@
 
 import onnx
 import pytest
-
 from conftest import TINY
 from fake_quant import assert_quantized_parity, cosine, op_histogram, reference
 from helpers import PROMPT, OnnxDecoder, build, make_checkpoint

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from conftest import TINY
 from helpers import assert_parity, build, make_checkpoint
 

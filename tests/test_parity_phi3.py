@@ -2,7 +2,6 @@
 of the pretraining length, partial rotary, tied embeddings."""
 
 import pytest
-
 from conftest import TINY
 from fake_quant import assert_quantized_parity
 from helpers import GENAI_PROMPT, PROMPT, assert_parity, build, make_checkpoint

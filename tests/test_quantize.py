@@ -1,7 +1,6 @@
 """int4/int8 block quantization: bit-exact with ONNX Runtime's own MatMulNBitsQuantizer."""
 
 import numpy as np
-import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import onnxruntime as ort
 import pytest
-
 from helpers import build
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))

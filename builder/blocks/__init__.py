@@ -1,6 +1,13 @@
 """Building blocks of decoder graphs. They take lazy weights and IR values, never Hugging Face names."""
 
-from builder.blocks.attention import AttentionSpec, AttentionWeights, SequenceLengths, self_attention, sequence_lengths
+from builder.blocks.attention import (
+    AttentionSpec,
+    AttentionWeights,
+    SequenceLengths,
+    self_attention,
+    sequence_lengths,
+)
+from builder.blocks.decoder import DecoderLayer, decoder_stack
 from builder.blocks.embedding import embedding
 from builder.blocks.linear import QuantizedValues, linear, quantized_weight
 from builder.blocks.lm_head import lm_head, shared_vocabulary
@@ -11,10 +18,12 @@ from builder.blocks.rope import Rope, longrope_tables, rotary_tables
 __all__ = [
     "AttentionSpec",
     "AttentionWeights",
+    "DecoderLayer",
     "QuantizedValues",
     "Rope",
     "SequenceLengths",
     "activation",
+    "decoder_stack",
     "embedding",
     "gated_mlp",
     "linear",

@@ -10,7 +10,6 @@ from builder.io import logits_dtype
 from builder.lazy import Weight
 from builder.target import Target
 
-
 Shared = QuantizedValues | ir.Value
 
 

@@ -1,0 +1,77 @@
+"""Memory-mapped tensor bytes: mapped for as long as a tensor is being written, and given back
+page range by page range as its consumer finishes with them."""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+try:  # numpy 2 moved it
+    from numpy.lib.array_utils import byte_bounds as _byte_bounds
+except ImportError:  # numpy 1.x
+    _byte_bounds = np.byte_bounds
+
+if TYPE_CHECKING:
+    from builder.checkpoint import TensorInfo
+
+
+class MappedArray(np.ndarray):
+    """An ndarray over a memory mapping; its views remember the mapping, so a consumer that has
+    finished with some rows can hand their pages back (`release`) before the whole tensor is done."""
+
+    _mapping: tuple[mmap.mmap, int] | None = None  # (the mapping, its start address)
+
+    def __array_finalize__(self, obj) -> None:
+        self._mapping = getattr(obj, "_mapping", None)
+
+
+def release(view: np.ndarray) -> None:
+    """Drops the resident pages under `view` if it lies in a mapping (they are re-read if needed).
+
+    A mapped file page counts in the process's resident memory until unmapped or released; a
+    2 GB embedding converted row-block by row-block thus never holds all of its source at once.
+    """
+    mapping = getattr(view, "_mapping", None)
+    if mapping is None or view.size == 0:
+        return
+    mm, base = mapping
+    low, high = _byte_bounds(view)
+    page = mmap.PAGESIZE
+    start = -(-(low - base) // page) * page  # only whole pages inside the view
+    stop = (high - base) // page * page
+    if 0 <= start < stop <= len(mm):
+        mm.madvise(mmap.MADV_DONTNEED, start, stop - start)
+
+
+@contextlib.contextmanager
+def mapped(info: TensorInfo) -> Iterator[np.ndarray]:
+    """A read-only array over the tensor's bytes in the page cache, unmapped on exit.
+
+    The caller must not keep a view of the array past the `with` block (`lazy.Weight` copies
+    its result out before leaving).
+    """
+    if info.nbytes == 0:
+        yield np.empty(info.shape, info.dtype)
+        return
+    start = info.offset - info.offset % mmap.ALLOCATIONGRANULARITY
+    with open(info.path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), info.offset - start + info.nbytes, offset=start, access=mmap.ACCESS_READ)
+    mm.madvise(mmap.MADV_SEQUENTIAL)  # read ahead: weights are consumed front to back
+    try:
+        raw = np.frombuffer(mm, info.dtype, int(np.prod(info.shape)), info.offset - start)
+        base = raw.__array_interface__["data"][0] - (info.offset - start)
+        array = raw.reshape(info.shape).view(MappedArray)
+        array._mapping = (mm, base)
+        del raw
+        yield array
+        del array
+    finally:
+        try:
+            mm.close()
+        except BufferError:
+            # A caller still holds a view; the mapping is released when that view is collected.
+            pass
