@@ -92,7 +92,7 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
 
     generation_path = folder / "generation_config.json"
     generation = read_json(generation_path, "model") if generation_path.is_file() else {}
-    source_bytes = {name: sum(checkpoint.info(s).nbytes for s in srcs) for name, srcs in g.sources.items()}
+    source_bytes = {name: [checkpoint.info(s).nbytes for s in srcs] for name, srcs in g.sources.items()}
     return Plan(folder, names[0], config, info, checkpoint, model, generation,
                 estimate(model, source_bytes), dict(g.sources))
 

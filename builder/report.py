@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from builder.output import INLINE_BYTES, MAX_WORKERS
+from builder.lazy import ROW_BLOCK_BYTES
 from builder.quantize import ROW_CHUNK_ELEMENTS
 
 # Interpreter, numpy, onnx_ir and the recorded graph, measured on a tiny build (about 80 MB) plus margin.
@@ -31,17 +32,23 @@ def _weights(model: ir.Model):
     return [v.const_value for v in model.graph.initializers.values() if v.const_value is not None]
 
 
-def estimate(model: ir.Model, source_bytes: dict[str, int]) -> Estimate:
-    """`source_bytes`: for each initializer, the bytes of checkpoint tensors its recipe maps at once."""
+def estimate(model: ir.Model, sources: dict[str, list[int]]) -> Estimate:
+    """`sources`: for each initializer, the bytes of each checkpoint tensor its recipe reads."""
     tensors = _weights(model)
     external = [t for t in tensors if t.nbytes > INLINE_BYTES]
     data = sum(t.nbytes for t in external)
     # The proto holds the graph, inline constants and ~100 bytes of external-data record per weight.
     nodes = sum(1 for _ in model.graph.all_nodes())
     proto = sum(t.nbytes for t in tensors if t.nbytes <= INLINE_BYTES) + 160 * len(external) + 400 * nodes
-    # Peak: each writer thread holds one tensor's mapped source pages and its output; the largest
-    # such pairs run together in the worst case.
-    per_tensor = sorted((source_bytes.get(t.name, 0) + t.nbytes for t in external), reverse=True)
+    # Peak: each writer thread holds one tensor's output plus what it has mapped of the source —
+    # a row block, as pages are handed back while converting — or a whole concatenation of
+    # several sources (fused QKV). The two largest such tensors may be in flight together.
+    def transient(t) -> int:
+        parts = sources.get(t.name, [])
+        held = sum(parts) if len(parts) > 1 else min(sum(parts), 2 * ROW_BLOCK_BYTES)
+        return t.nbytes + held
+
+    per_tensor = sorted((transient(t) for t in external), reverse=True)
     peak = BASE_RSS + sum(per_tensor[:MAX_WORKERS]) + MAX_WORKERS * QUANTIZE_SCRATCH
     ops = collections.Counter(f"{n.domain + '::' if n.domain else ''}{n.op_type}" for n in model.graph.all_nodes())
     return Estimate(data, proto, peak, dict(sorted(ops.items())))
