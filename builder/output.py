@@ -81,11 +81,12 @@ def reuse_freed_memory() -> None:
 def save_model(model: ir.Model, folder: Path, progress: bool = True) -> None:
     """ir.save with every initializer in one external file, each lazy weight computed as it is written."""
     reuse_freed_memory()
-    total = sum(v.const_value.nbytes for v in model.graph.initializers.values())
+    # The writer reports the tensors it writes to model.onnx.data; small constants stay inline.
+    total = sum(n for v in model.graph.initializers.values() if (n := v.const_value.nbytes) > INLINE_BYTES)
     report = Progress(total, "reading, converting and writing weights") if progress else None
 
     def callback(tensor: ir.TensorProtocol, _info) -> None:
-        if report is not None:
+        if report is not None and tensor.nbytes > INLINE_BYTES:
             report.advance(tensor.nbytes)
 
     gc_was_enabled = gc.isenabled()

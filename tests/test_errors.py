@@ -98,3 +98,25 @@ def test_unknown_precision_flag_is_argparse_usage(tiny_llama, capsys):
     with pytest.raises(SystemExit) as e:
         main(["-m", str(tiny_llama), "-p", "int3"])
     assert e.value.code == 2
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "builder", "-m", str(tmp_path / "missing"), "--debug"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "Traceback" in r.stderr and "BuildError" in r.stderr
+
+
+def test_progress_off_a_terminal_is_plain_lines(tiny_llama, tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "builder", "-m", str(tiny_llama), "-o", str(tmp_path / "out"), "-p", "fp32"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = [l for l in r.stderr.splitlines() if l.startswith("reading, converting and writing weights:")]
+    assert lines and lines[-1].startswith("reading, converting and writing weights: 100% (")
+    assert all("ETA" in l and "\r" not in l for l in lines)
+    assert len(lines) <= 11
