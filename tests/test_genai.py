@@ -54,6 +54,7 @@ def assert_same_greedy(folder, source, ids):
 @pytest.mark.parametrize("config_class, overrides", [
     ("LlamaConfig", {}),
     ("MistralConfig", dict(sliding_window=4)),
+    ("Qwen2Config", dict(use_sliding_window=True, sliding_window=4, max_window_layers=1)),
     ("Qwen3Config", dict(head_dim=32, tie_word_embeddings=True)),
 ])
 def test_genai_greedy_matches_transformers(tmp_path, config_class, overrides):
