@@ -44,13 +44,13 @@ class Plan:
     model: ir.Model
     generation: dict[str, Any]
     estimate: Estimate
+    graph_sources: dict[str, tuple[str, ...]]  # initializer -> the checkpoint tensors it reads
 
     @property
     def parameters(self) -> int:
+        """Parameters the model uses (a multimodal checkpoint's vision tower is not counted)."""
         used = {n for names in self.graph_sources.values() for n in names}
         return sum(math.prod(self.checkpoint.info(n).shape) for n in used)
-
-    graph_sources: dict[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
 
 
 def source_folder(options: BuildOptions) -> Path:

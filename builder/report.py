@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from builder.output import INLINE_BYTES, MAX_WORKERS
 from builder.lazy import ROW_BLOCK_BYTES
+from builder.output import INLINE_BYTES, MAX_WORKERS
 from builder.quantize import ROW_CHUNK_ELEMENTS
 
 # Interpreter, numpy, onnx_ir and the recorded graph, measured on a tiny build (about 80 MB) plus margin.
