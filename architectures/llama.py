@@ -24,7 +24,6 @@ from builder.blocks import (
     shared_vocabulary,
 )
 from builder.checkpoint import Checkpoint
-from builder.errors import BuildError
 from builder.graph import Graph
 from builder.hf_config import effective_window, from_dict, rope_parameters, token_ids
 from builder.io import DecoderIO
@@ -155,8 +154,6 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: LlamaConfig, target: Tar
     shared = shared_vocabulary(g, head, target) if c.tie_word_embeddings else None
     with g.scope("model", "embed_tokens"):
         x = embedding(g, io.input_ids, embed, target, shared=shared)
-    if c.mlp_bias:
-        raise BuildError("mlp_bias=true is not supported yet")
 
     def layer(i: int) -> DecoderLayer:
         a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
@@ -177,6 +174,7 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: LlamaConfig, target: Tar
             post_attention_norm=w(f"model.layers.{i}.post_attention_layernorm.weight", H),
             gate=w(m + "gate_proj.weight", I, H), up=w(m + "up_proj.weight", I, H), down=w(m + "down_proj.weight", H, I),
             activation=c.hidden_act,
+            mlp_biases=(w(m + "gate_proj.bias", I), w(m + "up_proj.bias", I), w(m + "down_proj.bias", H)) if c.mlp_bias else None,
         )
 
     layers = (layer(i) for i in range(c.num_hidden_layers))

@@ -8,7 +8,7 @@ from helpers import assert_parity, build, make_checkpoint
 VARIANTS = {
     "llama": ("LlamaConfig", {}),
     "llama-tied": ("LlamaConfig", dict(tie_word_embeddings=True)),
-    "llama-bias": ("LlamaConfig", dict(attention_bias=True)),
+    "llama-bias": ("LlamaConfig", dict(attention_bias=True, mlp_bias=True)),
     "llama3-rope": ("LlamaConfig", dict(rope_parameters=dict(
         rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
         original_max_position_embeddings=32))),

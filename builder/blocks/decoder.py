@@ -48,6 +48,7 @@ class DecoderLayer:
     activation: str
     pre_feedforward_norm: Weight | None = None
     post_feedforward_norm: Weight | None = None
+    mlp_biases: tuple[Weight, Weight, Weight] | None = None  # gate, up, down
 
 
 def decoder_stack(
@@ -75,7 +76,7 @@ def decoder_stack(
                 with g.scope("post_attention_layernorm"):
                     h, residual = skip_rms_norm(g, attn, residual, layer.post_attention_norm, eps, target)
             with g.scope("mlp"):
-                branch = gated_mlp(g, h, layer.gate, layer.up, layer.down, layer.activation, target)
+                branch = gated_mlp(g, h, layer.gate, layer.up, layer.down, layer.activation, target, layer.mlp_biases)
             if layer.post_feedforward_norm is not None:
                 with g.scope("post_feedforward_layernorm"):
                     branch = rms_norm(g, branch, layer.post_feedforward_norm, eps, target)

@@ -24,14 +24,17 @@ def activation(g: Graph, x: ir.Value, name: str) -> ir.Value:
 
 
 def gated_mlp(
-    g: Graph, x: ir.Value, gate: Weight, up: Weight, down: Weight, act: str, target: Target
+    g: Graph, x: ir.Value, gate: Weight, up: Weight, down: Weight, act: str, target: Target,
+    biases: tuple[Weight, Weight, Weight] | None = None,
 ) -> ir.Value:
-    """down_proj(act(gate_proj(x)) · up_proj(x)), each projection float or quantized per `target`."""
+    """down_proj(act(gate_proj(x)) · up_proj(x)), each projection float or quantized per `target`;
+    `biases` (gate, up, down) for checkpoints with mlp_bias."""
+    gate_b, up_b, down_b = biases or (None, None, None)
     with g.scope("gate_proj"):
-        gate_out = linear(g, x, gate, target)
+        gate_out = linear(g, x, gate, target, gate_b)
     with g.scope("up_proj"):
-        up_out = linear(g, x, up, target)
+        up_out = linear(g, x, up, target, up_b)
     with g.scope("act_fn"):
         h = g.op.Mul(activation(g, gate_out, act), up_out)
     with g.scope("down_proj"):
-        return linear(g, h, down, target)
+        return linear(g, h, down, target, down_b)
