@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from builder.architecture import DecoderInfo, output_embedding
+from builder.architecture import DecoderInfo, decoder_info, output_embedding
 from builder.blocks import (
     AttentionSpec,
     AttentionWeights,
@@ -40,7 +40,6 @@ from builder.hf_config import (
     effective_window,
     from_dict,
     rope_parameters,
-    token_ids,
 )
 from builder.io import DecoderIO
 from builder.lazy import Weight
@@ -163,15 +162,7 @@ def parse_config(raw: dict[str, Any], architecture: str) -> GemmaConfig:
 
 
 def info(c: GemmaConfig) -> DecoderInfo:
-    sliding = [i for i in range(c.num_hidden_layers) if c.window(i)]
-    return DecoderInfo(
-        model_type=c.model_type, vocab_size=c.vocab_size, hidden_size=c.hidden_size,
-        num_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-        num_kv_heads=c.num_key_value_heads, head_size=c.head_dim,
-        context_length=c.max_position_embeddings, bos_token_id=c.bos_token_id,
-        eos_token_ids=token_ids(c.eos_token_id), pad_token_id=c.pad_token_id,
-        sliding_window=c.sliding_window if sliding else None, sliding_window_layers=sliding,
-    )
+    return decoder_info(c, [c.window(i) for i in range(c.num_hidden_layers)])
 
 
 def text_prefix(ckpt: Checkpoint) -> str:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.architecture import DecoderInfo, output_embedding
+from builder.architecture import DecoderInfo, decoder_info, output_embedding
 from builder.blocks import (
     AttentionSpec,
     AttentionWeights,
@@ -30,7 +30,7 @@ from builder.blocks import (
 )
 from builder.checkpoint import Checkpoint
 from builder.graph import Graph
-from builder.hf_config import effective_window, from_dict, rope_parameters, token_ids
+from builder.hf_config import effective_window, from_dict, rope_parameters
 from builder.io import DecoderIO
 from builder.target import Target
 
@@ -87,15 +87,7 @@ def parse_config(raw: dict[str, Any], architecture: str) -> Phi3Config:
 
 
 def info(c: Phi3Config) -> DecoderInfo:
-    layers = list(range(c.num_hidden_layers)) if c.window else []
-    return DecoderInfo(
-        model_type=c.model_type, vocab_size=c.vocab_size, hidden_size=c.hidden_size,
-        num_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-        num_kv_heads=c.num_key_value_heads, head_size=c.head_dim,
-        context_length=c.max_position_embeddings, bos_token_id=c.bos_token_id,
-        eos_token_ids=token_ids(c.eos_token_id), pad_token_id=c.pad_token_id,
-        sliding_window=c.window, sliding_window_layers=layers,
-    )
+    return decoder_info(c, [c.window] * c.num_hidden_layers)
 
 
 def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: Phi3Config, target: Target):

@@ -9,6 +9,7 @@ import onnx_ir as ir
 
 from builder.checkpoint import Checkpoint
 from builder.graph import Graph
+from builder.hf_config import token_ids
 from builder.io import DecoderIO
 from builder.lazy import Weight
 from builder.target import Target
@@ -31,6 +32,20 @@ class DecoderInfo:
     pad_token_id: int | None
     sliding_window: int | None = None
     sliding_window_layers: list[int] = field(default_factory=list)
+
+
+def decoder_info(c: Any, windows: list[int | None]) -> DecoderInfo:
+    """DecoderInfo from a config dataclass with Hugging Face's key names; `windows[i]` is layer
+    i's sliding window (None for global layers)."""
+    sliding = [i for i, w in enumerate(windows) if w]
+    return DecoderInfo(
+        model_type=c.model_type, vocab_size=c.vocab_size, hidden_size=c.hidden_size,
+        num_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+        num_kv_heads=c.num_key_value_heads, head_size=c.head_dim,
+        context_length=c.max_position_embeddings, bos_token_id=c.bos_token_id,
+        eos_token_ids=token_ids(c.eos_token_id), pad_token_id=c.pad_token_id,
+        sliding_window=windows[sliding[0]] if sliding else None, sliding_window_layers=sliding,
+    )
 
 
 class Architecture(Protocol):
