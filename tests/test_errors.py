@@ -120,3 +120,13 @@ def test_progress_off_a_terminal_is_plain_lines(tiny_llama, tmp_path):
     assert lines and lines[-1].startswith("reading, converting and writing weights: 100% (")
     assert all("ETA" in l and "\r" not in l for l in lines)
     assert len(lines) <= 11
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"rope_parameters": {"rope_type": "mrope", "rope_theta": 10000.0}}, "unsupported rope_type 'mrope'; supported: default,"),
+    ({"hidden_act": "relu2"}, "unsupported activation 'relu2'; supported: silu,"),
+])
+def test_unsupported_model_features(src, tmp_path, capsys, change, message):
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, **change}))
+    assert_refused(capsys, tmp_path, ["-m", src], message)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import onnx_ir as ir
 
 from builder.blocks.linear import linear
+from builder.errors import BuildError
 from builder.graph import Graph
 from builder.lazy import Weight
 from builder.target import Target
@@ -20,7 +21,7 @@ def activation(g: Graph, x: ir.Value, name: str) -> ir.Value:
         return g.op.Gelu(x, approximate="tanh")
     if name == "gelu":
         return g.op.Gelu(x)
-    raise ValueError(f"unsupported activation {name!r}; supported: {', '.join(ACTIVATIONS)}")
+    raise BuildError(f"unsupported activation {name!r}; supported: {', '.join(ACTIVATIONS)}")
 
 
 def gated_mlp(

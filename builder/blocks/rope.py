@@ -52,7 +52,7 @@ class Rope:
             return yarn(params, base, dim, max_position_embeddings)
         if rope_type == "longrope":
             return longrope(params, base, dim, max_position_embeddings, long=False)
-        raise ValueError(f"unsupported rope_type {rope_type!r}; supported: {', '.join(ROPE_TYPES)}")
+        raise BuildError(f"unsupported rope_type {rope_type!r}; supported: {', '.join(ROPE_TYPES)}")
 
     def caches(self, max_positions: int, dtype: np.dtype) -> tuple[Weight, Weight]:
         """Lazy cos and sin tables, computed in float32 when written, stored in `dtype`."""
