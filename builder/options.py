@@ -157,9 +157,6 @@ class BuildOptions:
             windowed_kv_cache=not self.full_kv_cache, context_length=self.context_length,
         )
 
-    def replace(self, **changes: Any) -> BuildOptions:
-        return dataclasses.replace(self, **changes)
-
     def to_dict(self) -> dict[str, Any]:
         """The options as YAML keys (every key, defaults included, so a record is complete)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
