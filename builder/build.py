@@ -82,6 +82,7 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     checkpoint = Checkpoint.open(folder)
 
     g = Graph()
+    check_windowed_cache(info, options)
     windowed = info.sliding_window_layers if target.windowed_kv_cache else []
     io = DecoderIO.create(info.num_layers, info.num_kv_heads, info.head_size, target.io_dtype, windowed)
     logits, presents = module.build(g, io, checkpoint, config, target)
@@ -95,6 +96,21 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     source_bytes = {name: [checkpoint.info(s).nbytes for s in srcs] for name, srcs in g.sources.items()}
     return Plan(folder, names[0], config, info, checkpoint, model, generation,
                 estimate(model, source_bytes), dict(g.sources))
+
+
+def check_windowed_cache(info: DecoderInfo, options: BuildOptions) -> None:
+    """Refuses a ring-buffer KV cache its own genai_config.json could not run: onnxruntime-genai
+    sizes the buffer min(window + slack, max_length), and GroupQueryAttention's ring buffer
+    (sliding_window_cache=1) fails when that is shorter than the window."""
+    if not (options.windowed_kv_cache and info.sliding_window_layers):
+        return
+    max_length = options.search.get("max_length", info.context_length)
+    if max_length < info.sliding_window:
+        raise BuildError(
+            f"--windowed-kv-cache needs max_length >= the sliding window ({info.sliding_window}), "
+            f"but the build's max_length is {max_length}; drop --windowed-kv-cache (full-length caches "
+            "work at any max_length)"
+        )
 
 
 def describe(p: Plan, options: BuildOptions) -> str:

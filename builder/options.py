@@ -93,8 +93,9 @@ class BuildOptions:
                                      "dotted paths such as 'model.layers.0.*' (repeatable)")
     io_dtype: str | None = option(None, str, "int4/int8: activation dtype (default fp32 on cpu, fp16 on cuda)", IO_DTYPES)
     context_length: int | None = option(None, int, "positions the model supports (default: max_position_embeddings)")
-    full_kv_cache: bool = option(False, bool, "sliding-window layers get a context-long KV cache "
-                                 "(default: window-long ring buffers)")
+    windowed_kv_cache: bool = option(False, bool, "sliding-window layers keep window-long ring-buffer KV "
+                                     "caches: less memory, but onnxruntime-genai then needs max_length >= the "
+                                     "window and batches of equal-length prompts (default: full-length caches)")
     search: dict[str, Any] = option({}, dict, "genai_config.json search defaults (YAML only), e.g. {top_k: 40}")
 
     def __post_init__(self) -> None:
@@ -154,7 +155,7 @@ class BuildOptions:
             )
         return Target(
             io_dtype=_DTYPES[self.resolved_io_dtype], execution_provider=ep, quantization=quantization,
-            windowed_kv_cache=not self.full_kv_cache, context_length=self.context_length,
+            windowed_kv_cache=self.windowed_kv_cache, context_length=self.context_length,
         )
 
     def to_dict(self) -> dict[str, Any]:

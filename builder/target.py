@@ -47,14 +47,16 @@ class Target:
         execution_provider: "cpu" or "cuda".
         quantization: how linear layers are quantized, or None for float weights.
         windowed_kv_cache: sliding-window layers keep a KV cache only the window long (a ring
-            buffer GroupQueryAttention manages), instead of one as long as the context.
+            buffer GroupQueryAttention manages, `sliding_window_cache=1`) instead of one as long as
+            the sequence. Off by default: onnxruntime-genai 0.18 with ONNX Runtime 1.31 cannot run
+            such a cache for max_length below the window or for right-padded batches.
         context_length: positions to support instead of the model's max_position_embeddings.
     """
 
     io_dtype: np.dtype
     execution_provider: str = "cpu"
     quantization: Quantization | None = None
-    windowed_kv_cache: bool = True
+    windowed_kv_cache: bool = False
     context_length: int | None = None
 
     def positions(self, max_position_embeddings: int) -> int:

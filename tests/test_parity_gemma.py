@@ -100,7 +100,7 @@ def test_gemma3_multimodal_text_decoder(tmp_path, hub_layout):
     assert (got_prefill.argmax(-1) == prefill.logits[0].numpy().argmax(-1)).all()
 
 
-@pytest.mark.parametrize("flags", [[], ["--full-kv-cache"]], ids=["window-ring-buffer", "full-kv-cache"])
+@pytest.mark.parametrize("flags", [[], ["--windowed-kv-cache"]], ids=["full-kv-cache", "window-ring-buffer"])
 def test_sliding_window_cache_over_many_steps(tmp_path, flags):
     # Gemma 2 with a 4-token window: decode eight steps past a 10-token prompt, each step's logits
     # against transformers' full forward of the whole sequence.
@@ -110,7 +110,7 @@ def test_sliding_window_cache_over_many_steps(tmp_path, flags):
     model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
     ids = list(PROMPT)
     logits, present = decoder.run(ids, None, len(ids))
-    windowed = not flags
+    windowed = bool(flags)
     assert present["present.0.key"].shape[2] == (4 if windowed else len(ids))  # layer 0 slides
     assert present["present.1.key"].shape[2] == len(ids)  # layer 1 is global
     for _ in range(8):
