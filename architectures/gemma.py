@@ -200,8 +200,8 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: GemmaConfig, target: Tar
     lengths = sequence_lengths(g, io.attention_mask)
 
     embed = w("embed_tokens.weight", V, H)
-    head = output_embedding(ckpt, embed, c.tie_word_embeddings, (V, H))
-    shared = shared_vocabulary(g, head, target) if c.tie_word_embeddings else None
+    head, tied = output_embedding(ckpt, embed, c.tie_word_embeddings, (V, H))
+    shared = shared_vocabulary(g, head, target) if tied else None
     with g.scope("model", "embed_tokens"):
         x = embedding(g, io.input_ids, embed, target, scale=float(np.sqrt(H)), shared=shared)
 

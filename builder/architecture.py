@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -13,6 +14,8 @@ from builder.hf_config import token_ids
 from builder.io import DecoderIO
 from builder.lazy import Weight
 from builder.target import Target
+
+log = logging.getLogger("builder")
 
 
 @dataclass(frozen=True)
@@ -62,11 +65,20 @@ class Architecture(Protocol):
     ) -> tuple[ir.Value, list[tuple[ir.Value, ir.Value]]]: ...
 
 
-def output_embedding(ckpt: Checkpoint, embed: Weight, tied: bool, shape: tuple[int, int], name: str = "lm_head.weight") -> Weight:
-    """lm_head's weight: the embedding when tied (a stored lm_head copy, which transformers
-    ignores then, is accounted for), else the checkpoint's own."""
-    if not tied:
-        return ckpt.weight(name, shape)
-    if name in ckpt:
+def output_embedding(
+    ckpt: Checkpoint, embed: Weight, tied: bool, shape: tuple[int, int], name: str = "lm_head.weight"
+) -> tuple[Weight, bool]:
+    """lm_head's weight, and whether it is the embedding (tied).
+
+    As transformers 5 loads them: with `tie_word_embeddings` and no stored lm_head, or a stored
+    copy equal to the embedding, lm_head is the embedding; a stored lm_head that differs is used
+    as is, untied (transformers warns and does the same).
+    """
+    if name not in ckpt or not tied:
+        return (embed, True) if tied else (ckpt.weight(name, shape), False)
+    if ckpt.same_values(name, embed.sources[0]):
         ckpt.consume(name)
-    return embed
+        return embed, True
+    log.warning("%s differs from the embedding although tie_word_embeddings is set: using it untied, "
+                "as transformers does", name)
+    return ckpt.weight(name, shape), False

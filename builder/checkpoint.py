@@ -157,6 +157,22 @@ class Checkpoint:
         self._consumed.add(name)
         return Weight.source(info.shape, info.dtype, lambda stack: stack.enter_context(mapped(info)), name)
 
+    def same_values(self, a: str, b: str, rows_per_chunk: int = 4096) -> bool:
+        """Whether tensors `a` and `b` hold the same values; reads both, a row block at a time."""
+        ia, ib = self.info(a), self.info(b)
+        if ia.shape != ib.shape or not ia.shape:
+            return False
+        with mapped(ia) as x, mapped(ib) as y:
+            for start in range(0, ia.shape[0], rows_per_chunk):
+                xs, ys = x[start:start + rows_per_chunk], y[start:start + rows_per_chunk]
+                if ia.dtype == ib.dtype:
+                    equal = np.array_equal(xs.view(np.uint8), ys.view(np.uint8))
+                else:
+                    equal = np.array_equal(xs.astype(np.float32), ys.astype(np.float32))
+                if not equal:
+                    return False
+        return True
+
     def consume(self, name: str) -> None:
         """Marks a tensor as deliberately unused (for example a tied lm_head duplicate)."""
         self.info(name)

@@ -52,3 +52,24 @@ def test_bf16_checkpoint_builds_fp32_exactly(tmp_path):
     # results on the same bf16 values.
     source = make_checkpoint(tmp_path / "src", "LlamaConfig", dtype=torch.bfloat16, **TINY)
     assert_parity(build(source, tmp_path / "out", "-p", "fp32"), source, tolerance=1e-4)
+
+
+@pytest.mark.parametrize("stored", ["equal", "different"])
+def test_tied_config_with_a_stored_lm_head(tmp_path, stored):
+    # tie_word_embeddings with lm_head.weight also stored: transformers 5 ties them when the two
+    # are equal and uses the stored lm_head, untied, when they differ. So must the build.
+    import numpy as np
+    import onnx
+    from safetensors.numpy import load_file, save_file
+
+    source = make_checkpoint(tmp_path / "src", "LlamaConfig", **{**TINY, "tie_word_embeddings": True})
+    tensors = load_file(source / "model.safetensors")
+    embed = tensors["model.embed_tokens.weight"]
+    rng = np.random.default_rng(0)
+    tensors["lm_head.weight"] = embed.copy() if stored == "equal" else rng.normal(0, 0.05, embed.shape).astype(embed.dtype)
+    save_file(tensors, source / "model.safetensors", metadata={"format": "pt"})
+    out = build(source, tmp_path / "out", "-p", "fp32")
+    assert_parity(out, source, tolerance=1e-4)
+    vocab_sized = [t.name for t in onnx.load(out / "model.onnx", load_external_data=False).graph.initializer
+                   if TINY["vocab_size"] in t.dims]
+    assert len(vocab_sized) == (1 if stored == "equal" else 2)
