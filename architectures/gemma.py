@@ -233,5 +233,8 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: GemmaConfig, target: Tar
         )
 
     layers = (layer(i) for i in range(c.num_hidden_layers))
-    h, presents = decoder_stack(g, x, layers, norm("norm.weight", H), io, lengths, c.rms_norm_eps, target)
+    # The residual stream reaches ~1e5 on real weights (gemma-3-270m), past fp16's 65504: in fp16
+    # builds it and its norms stay in float32 (bf16 has float32's range and keeps its own).
+    residual = np.float32 if target.io_dtype == np.float16 else None
+    h, presents = decoder_stack(g, x, layers, norm("norm.weight", H), io, lengths, c.rms_norm_eps, target, residual)
     return lm_head(g, h, head, target, softcap=c.final_logit_softcapping, shared=shared), presents

@@ -2,6 +2,7 @@
 
 import json
 
+import numpy as np
 import pytest
 import torch
 import transformers
@@ -16,6 +17,7 @@ from helpers import (
     make_checkpoint,
     relative_error,
 )
+from helpers import reference as reference_logits
 from safetensors.numpy import load_file, save_file
 from test_genai import assert_same_greedy
 
@@ -123,3 +125,76 @@ def test_sliding_window_cache_over_many_steps(tmp_path, flags):
     assert ("sliding_window" in cfg) == windowed
     if windowed:
         assert cfg["sliding_window"]["layers"] == [0] and cfg["sliding_window"]["window_size"] == 4
+
+
+def make_loud_gemma(folder, name):
+    """A tiny Gemma whose residual stream exceeds 1e5, as real Gemma 3's does (about 1e5 in
+    gemma-3-270m), while every fp16 intermediate stays in range: embedding column 0 at 7000
+    (56000 once scaled by √64), v/o and gate/up/down weights that add tens of thousands more to
+    it, and, for Gemma 2/3, post-norms that scale the branch outputs' column 0 by 5000."""
+    from safetensors.numpy import load_file, save_file
+
+    config_class, overrides = VARIANTS[name]
+    make_checkpoint(folder, config_class, **{**GEMMA, **overrides, "tie_word_embeddings": False})
+    t = load_file(folder / "model.safetensors")
+    t["model.embed_tokens.weight"][:, 0] = 7000.0
+    for key in t:
+        if key.endswith(("v_proj.weight", "gate_proj.weight", "up_proj.weight")):
+            t[key][:, 0] = 1.0
+        elif key.endswith("o_proj.weight"):
+            t[key][0, :] = 30.0
+        elif key.endswith("down_proj.weight"):
+            t[key][0, :] = 1.0
+        elif key.endswith(("post_attention_layernorm.weight", "post_feedforward_layernorm.weight")) and name != "gemma":
+            t[key][:] = 0.0
+            t[key][0] = 5000.0 - 1  # Gemma's norm multiplies by (1 + weight)
+    save_file(t, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+@pytest.mark.parametrize("flags", [["-p", "fp16"], ["-p", "int4", "--io-dtype", "fp16", "--accuracy-level", "0"],
+                                   ["-p", "int8", "--io-dtype", "fp16", "--accuracy-level", "0"]],
+                         ids=["fp16", "int4-fp16", "int8-fp16"])
+def test_fp16_survives_a_residual_past_fp16_range(tmp_path, name, flags):
+    # Relative max error 1e-2: fp16 projections round each product to 2^-11 relative (see
+    # test_fp16_matches_transformers); the float32 stream and norms add nothing to that.
+    from fake_quant import reference as quantized_reference
+
+    source = make_loud_gemma(tmp_path / "src", name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    with torch.no_grad():
+        hidden = model(torch.tensor([PROMPT]), output_hidden_states=True).hidden_states
+    assert max(float(h.abs().max()) for h in hidden[1:-1]) > 1e5  # the residual stream, after each layer
+    out = build(source, tmp_path / "out", *flags)
+    if flags[1] == "fp16":
+        ref_prefill, ref_step, next_id = reference_logits(source, PROMPT)
+    else:
+        ref_prefill, ref_step, next_id = quantized_reference(source, int(flags[1][3:]), 32, True)
+    prefill, step = OnnxDecoder(out).prefill_and_step(PROMPT, next_id)
+    for got, want in ((prefill, ref_prefill), (step, ref_step)):
+        assert np.isfinite(got).all()
+        assert relative_error(got, want) < 1e-2
+
+
+@pytest.mark.parametrize("flags", [["-p", "fp16", "-e", "cuda"], ["-p", "int4", "-e", "cuda"], ["-p", "bf16", "-e", "cuda"]],
+                         ids=["fp16-cuda", "int4-cuda", "bf16-cuda"])
+def test_cuda_graph_keeps_the_residual_stream_in_float32(tmp_path, flags):
+    # No GPU here: the CUDA graph is checked for structure. Every norm of an fp16 Gemma runs on a
+    # float32 stream with float32 weights, and each projection reads fp16; bf16 (float32's range)
+    # keeps its own dtype, as does a Llama in fp16.
+    import onnx
+
+    def norms(folder):
+        model = onnx.load(folder / "model.onnx", load_external_data=False)
+        dtypes = {t.name: t.data_type for t in model.graph.initializer}
+        stream = [n for n in model.graph.node if n.op_type.endswith("SimplifiedLayerNormalization")
+                  and "self_attn" not in n.name]  # q/k head norms are not on the stream
+        assert len(stream) >= 5  # two layers of two norms, and the final norm
+        return [dtypes[n.input[2] if n.op_type.startswith("Skip") else n.input[1]] for n in stream]
+
+    gemma = build(make_gemma(tmp_path / "gemma", "gemma3"), tmp_path / "out", *flags)
+    llama = build(make_checkpoint(tmp_path / "llama", "LlamaConfig", **TINY), tmp_path / "llama-out", *flags)
+    io = onnx.TensorProto.BFLOAT16 if flags[1] == "bf16" else onnx.TensorProto.FLOAT16
+    assert set(norms(gemma)) == {onnx.TensorProto.FLOAT if io == onnx.TensorProto.FLOAT16 else io}
+    assert set(norms(llama)) == {io}
