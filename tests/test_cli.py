@@ -111,7 +111,7 @@ def test_failure_while_saving_leaves_no_output(tiny_llama, tmp_path, monkeypatch
     def explode(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("builder.build.save_model", explode)
+    monkeypatch.setattr("builder.pipeline.save_model", explode)
     assert main(["-m", str(tiny_llama), "-o", str(tmp_path / "out"), "-q"]) == 130
     assert list(tmp_path.iterdir()) == []
     assert save_module.MODEL_FILE == "model.onnx"
