@@ -10,7 +10,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import onnx_ir as ir
@@ -19,6 +19,8 @@ from builder.errors import BuildError
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
+# Every output holds one; only a folder with it may be replaced (--overwrite).
+RECORD_FILE = "build.yaml"
 # Bytes of materialized tensors the writer may hold at once (beyond the one being written).
 MAX_IN_FLIGHT_BYTES = 512 * 1024 * 1024
 # Initializers up to this size live in model.onnx itself (constants, not weights).
@@ -109,24 +111,56 @@ def save_model(model: ir.Model, folder: Path, progress: bool = True) -> None:
             report.close()
 
 
-def check_output(folder: Path, overwrite: bool) -> None:
-    """Refuses, before any work, an output that exists and is not an empty folder (unless overwrite)."""
+def check_output(folder: Path, overwrite: bool, inputs: Iterable[Path] = ()) -> None:
+    """Refuses, before any work, an output that exists and is not an empty folder (unless overwrite,
+    and then only a previous build's output), and any output that is, or holds, one of `inputs`."""
     if folder.is_file():
         raise BuildError(f"output {folder} is a file")
-    if folder.is_dir() and any(folder.iterdir()) and not overwrite:
-        raise BuildError(f"output folder {folder} exists and is not empty (pass --overwrite to replace it)")
+    out = folder.resolve()
+    for source in inputs:
+        if any(_within(path, out) for path in _input_paths(source)):
+            raise BuildError(f"output {folder} is the input {source} or a folder holding it; choose another output")
+    if _within(Path.cwd().resolve(), out):
+        raise BuildError(f"output {folder} is the current folder or holds it; name a folder to create "
+                         "(the build is written beside it and renamed into place)")
+    if folder.is_dir() and any(folder.iterdir()):
+        if not overwrite:
+            raise BuildError(f"output folder {folder} exists and is not empty (pass --overwrite to replace it)")
+        if not (folder / RECORD_FILE).is_file():
+            raise BuildError(f"output folder {folder} is not empty and has no {RECORD_FILE}, so it is not a previous "
+                             "build's output; not replacing it, even with --overwrite")
+
+
+def _within(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def _input_paths(source: Path) -> list[Path]:
+    """The input folder and wherever its files' links lead (a hub snapshot links into blobs/)."""
+    source = source.resolve()
+    if not source.is_dir():
+        return [source]
+    return [source, *{f.resolve().parent for f in source.iterdir() if f.is_symlink()}]
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 @contextlib.contextmanager
-def staged_folder(final: Path, overwrite: bool) -> Iterator[Path]:
+def staged_folder(final: Path, overwrite: bool, inputs: Iterable[Path] = ()) -> Iterator[Path]:
     """Yields a temporary sibling of `final`; on success it replaces `final`, on any failure it vanishes.
 
     A failed or interrupted build leaves neither a partial output nor a changed existing one.
     """
-    check_output(final, overwrite)
+    check_output(final, overwrite, inputs)
+    final = Path(os.path.abspath(final))  # `-o out/.` is out, whose siblings are in out's parent
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=final.parent))
+        staging.chmod(0o777 & ~_umask())  # mkdtemp makes 0700; the output follows the umask like mkdir
     except OSError as e:
         raise BuildError(f"cannot write to {final.parent}: {e.strerror or e}") from None
     try:
