@@ -3,12 +3,17 @@ folder holding one; output folders follow the umask; `-o .` fails cleanly."""
 
 import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from helpers import build
 from test_hub import fill_cache, run_builder
 
 from builder.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def run(capsys, *argv):
@@ -106,3 +111,50 @@ def test_output_folder_follows_the_umask(tiny_llama, tmp_path):
         os.umask(old)
     assert out.stat().st_mode & 0o777 == 0o755
     assert other.stat().st_mode & 0o777 == 0o750
+
+
+# What `pip install -e .` installs: a finder asked only after sys.path (the current folder first) has
+# no answer. It stands in for whatever install runs the tests (PYTHONPATH would put the checkout
+# ahead of the installed finder and hide the shadowing).
+EDITABLE_FINDER = """
+import importlib.machinery, sys
+ROOT = {root!r}
+class Finder:
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        parent = name.rpartition(".")[0]
+        if name in ("builder", "architectures"):
+            return importlib.machinery.PathFinder.find_spec(name, [ROOT])
+        if parent in ("builder", "architectures"):  # as setuptools' finder: a top-level package's children
+            return importlib.machinery.PathFinder.find_spec(name, [ROOT + "/" + parent])
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__ + getattr(f, "__module__", "")]
+sys.meta_path.append(Finder)
+"""
+
+SHADOWS = {
+    "architectures": ["architectures/"],
+    "architectures-package": ["architectures/__init__.py"],
+    "builder": ["builder/"],
+    "builder-package": ["builder/__init__.py"],
+    "parent-of-a-clone": ["builder/pyproject.toml", "builder/builder/", "builder/architectures/"],
+}
+
+
+@pytest.mark.parametrize("shadow", SHADOWS)
+def test_python_m_builder_runs_from_any_folder(tmp_path, shadow):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(EDITABLE_FINDER.format(root=str(ROOT)))
+    cwd = tmp_path / "cwd"
+    for entry in SHADOWS[shadow]:
+        path = cwd / entry
+        if entry.endswith("/"):
+            path.mkdir(parents=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("")
+    env = dict(os.environ, PYTHONPATH=str(site))
+    r = subprocess.run([sys.executable, "-m", "builder", "-m", str(ROOT / "examples" / "tiny-llama"), "-o", "out",
+                        "-p", "fp32", "-q"], cwd=cwd, env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (cwd / "out" / "model.onnx").is_file() and (cwd / "out" / "genai_config.json").is_file()
