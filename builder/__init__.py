@@ -25,8 +25,8 @@ __version__ = "0.1.0"
 
 
 def build(options: BuildOptions, progress: bool = True):
-    """Builds the model `options` describe; returns the output folder (see builder.build.build)."""
-    from builder.build import build as _build
+    """Builds the model `options` describe; returns the output folder (see builder.pipeline.build)."""
+    from builder.pipeline import build as _build
 
     return _build(options, progress=progress)
 

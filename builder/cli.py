@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     _setup_logging(flags["quiet"], flags["verbose"])
     try:
         options = config_file.options(flags.get("config"), args, _describe)
-        from builder.build import (  # after parsing, so --help stays instant
+        from builder.pipeline import (  # after parsing, so --help stays instant
             build,
             dry_run,
         )
@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         out = build(options, progress=not flags["quiet"])
         if flags["verify"]:
-            from builder.build import source_folder
+            from builder.pipeline import source_folder
             from builder.verify import verify
 
             verdict = verify(options, out, source_folder(options))

@@ -10,15 +10,20 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 
 from builder.errors import BuildError
+from builder.target import Target
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
+# Every output holds one; only a folder with it may be replaced (--overwrite).
+RECORD_FILE = "build.yaml"
 # Bytes of materialized tensors the writer may hold at once (beyond the one being written).
 MAX_IN_FLIGHT_BYTES = 512 * 1024 * 1024
 # Initializers up to this size live in model.onnx itself (constants, not weights).
@@ -109,24 +114,56 @@ def save_model(model: ir.Model, folder: Path, progress: bool = True) -> None:
             report.close()
 
 
-def check_output(folder: Path, overwrite: bool) -> None:
-    """Refuses, before any work, an output that exists and is not an empty folder (unless overwrite)."""
+def check_output(folder: Path, overwrite: bool, inputs: Iterable[Path] = ()) -> None:
+    """Refuses, before any work, an output that exists and is not an empty folder (unless overwrite,
+    and then only a previous build's output), and any output that is, or holds, one of `inputs`."""
     if folder.is_file():
         raise BuildError(f"output {folder} is a file")
-    if folder.is_dir() and any(folder.iterdir()) and not overwrite:
-        raise BuildError(f"output folder {folder} exists and is not empty (pass --overwrite to replace it)")
+    out = folder.resolve()
+    for source in inputs:
+        if any(_within(path, out) for path in _input_paths(source)):
+            raise BuildError(f"output {folder} is the input {source} or a folder holding it; choose another output")
+    if _within(Path.cwd().resolve(), out):
+        raise BuildError(f"output {folder} is the current folder or holds it; name a folder to create "
+                         "(the build is written beside it and renamed into place)")
+    if folder.is_dir() and any(folder.iterdir()):
+        if not overwrite:
+            raise BuildError(f"output folder {folder} exists and is not empty (pass --overwrite to replace it)")
+        if not (folder / RECORD_FILE).is_file():
+            raise BuildError(f"output folder {folder} is not empty and has no {RECORD_FILE}, so it is not a previous "
+                             "build's output; not replacing it, even with --overwrite")
+
+
+def _within(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def _input_paths(source: Path) -> list[Path]:
+    """The input folder and wherever its files' links lead (a hub snapshot links into blobs/)."""
+    source = source.resolve()
+    if not source.is_dir():
+        return [source]
+    return [source, *{f.resolve().parent for f in source.iterdir() if f.is_symlink()}]
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 @contextlib.contextmanager
-def staged_folder(final: Path, overwrite: bool) -> Iterator[Path]:
+def staged_folder(final: Path, overwrite: bool, inputs: Iterable[Path] = ()) -> Iterator[Path]:
     """Yields a temporary sibling of `final`; on success it replaces `final`, on any failure it vanishes.
 
     A failed or interrupted build leaves neither a partial output nor a changed existing one.
     """
-    check_output(final, overwrite)
+    check_output(final, overwrite, inputs)
+    final = Path(os.path.abspath(final))  # `-o out/.` is out, whose siblings are in out's parent
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=final.parent))
+        staging.chmod(0o777 & ~_umask())  # mkdtemp makes 0700; the output follows the umask like mkdir
     except OSError as e:
         raise BuildError(f"cannot write to {final.parent}: {e.strerror or e}") from None
     try:
@@ -143,14 +180,92 @@ def staged_folder(final: Path, overwrite: bool) -> Iterator[Path]:
         raise
 
 
-def save(model: ir.Model, folder: str | os.PathLike, overwrite: bool = False, progress: bool = False) -> Path:
-    """Writes `model` (lazy weights and all) as folder/model.onnx + model.onnx.data, atomically.
+def save(
+    model: ir.Model, folder: str | os.PathLike, overwrite: bool = False, progress: bool = False, *,
+    source: str | os.PathLike | None = None, target: Target | None = None, search: dict[str, Any] | None = None,
+) -> Path:
+    """Writes a crafted decoder as a folder onnxruntime-genai runs, atomically: model.onnx,
+    model.onnx.data, genai_config.json, the tokenizer files of `source` and build.yaml.
+
+    genai_config.json takes the layer count, KV heads, head size and vocabulary from the graph's
+    inputs and outputs (the DecoderIO contract) and the query heads and sliding windows from its
+    GroupQueryAttention nodes; model type, token ids and context length come from `source`'s
+    config.json and generation_config.json (the checkpoint the weights came from).
+
+    Args:
+        model: the graph, e.g. `g.model(io.inputs, io.outputs(logits, vocab_size, presents))`.
+        folder: the output folder; an existing one is replaced only with `overwrite`, and only
+            when it holds a previous output (build.yaml).
+        source: the checkpoint folder: its config, generation config and tokenizer.
+        target: the Target the graph was made for (its execution provider and context length).
+        search: genai_config.json's search settings to override (max_length, do_sample, ...).
 
     Example:
         >>> from builder import save
-        >>> save(model, "out/my-model")  # doctest: +SKIP
+        >>> save(model, "out/my-model", source="path/to/checkpoint")  # doctest: +SKIP
     """
+    from builder import __version__
+    from builder.config_file import RECORD_KEY
+    from builder.genai_config import genai_config, write_genai_files
+    from builder.record import write
+
     folder = Path(folder)
-    with staged_folder(folder, overwrite) as staging:
+    source = Path(source).expanduser() if source is not None else None
+    target = target or Target(io_dtype=np.dtype(np.float32))
+    config, generation = _source_configs(source)
+    config_json = genai_config(crafted_info(model, config, target), target, generation, search)
+    with staged_folder(folder, overwrite, [source] if source else []) as staging:
         save_model(model, staging, progress=progress)
+        write_genai_files(source or staging, staging, config_json)  # no source: no tokenizer files to copy
+        crafted = {"builder_version": __version__, "crafted": True, "source": str(source.resolve()) if source else None}
+        write(staging / RECORD_FILE, {RECORD_KEY: crafted})
     return folder
+
+
+def _source_configs(source: Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """config.json (a multimodal one's text_config filling the gaps) and generation_config.json."""
+    from builder.hf_config import read_json
+
+    if source is None:
+        return {}, {}
+    if not source.is_dir():
+        raise BuildError(f"source {source}: no such folder")
+    config = read_json(source / "config.json", "model") if (source / "config.json").is_file() else {}
+    config = {**config.get("text_config", {}), **config}
+    generation_path = source / "generation_config.json"
+    return config, read_json(generation_path, "model") if generation_path.is_file() else {}
+
+
+def crafted_info(model: ir.Model, config: dict[str, Any], target: Target):
+    """The DecoderInfo genai_config.json needs, read from a graph that follows the DecoderIO contract."""
+    from builder.architecture import DecoderInfo
+    from builder.hf_config import token_ids
+    from builder.io import PAST_KEY, PAST_WINDOW
+
+    inputs = {v.name: v for v in model.graph.inputs}
+    outputs = {v.name: v for v in model.graph.outputs}
+    past = [inputs[PAST_KEY % i] for i in range(len(inputs)) if PAST_KEY % i in inputs]
+    if not past or "logits" not in outputs:
+        raise BuildError("save() writes decoders with DecoderIO's inputs and outputs (past_key_values.*, logits)")
+    _, kv_heads, _, head_size = past[0].shape.dims  # (B, Hkv, P, D)
+    vocab = outputs["logits"].shape.dims[2]  # (B, S, V)
+    attention = {n.inputs[3].name: n for n in model.graph if n.op_type == "GroupQueryAttention" and len(n.inputs) > 3}
+    if not attention:
+        raise BuildError("save() found no GroupQueryAttention reading past_key_values.*: not a decoder it can describe")
+    first = next(iter(attention.values()))
+    heads = first.attributes["num_heads"].as_int()
+    windowed = [i for i, v in enumerate(past) if v.shape.dims[2] == PAST_WINDOW]
+    window = attention[past[windowed[0]].name].attributes["local_window_size"].as_int() if windowed else None
+    context = target.context_length or config.get("max_position_embeddings")
+    if context is None:  # the rotary table's rows: the positions the graph supports
+        cos = first.inputs[7] if len(first.inputs) > 7 else None
+        context = cos.shape.dims[0] if cos is not None and cos.shape is not None else None
+    if not isinstance(context, int):
+        raise BuildError("save() needs the context length: pass source= (its config.json) or a Target with context_length")
+    return DecoderInfo(
+        model_type=config.get("model_type", "llama"), vocab_size=vocab,
+        hidden_size=config.get("hidden_size", heads * head_size), num_layers=len(past), num_attention_heads=heads,
+        num_kv_heads=kv_heads, head_size=head_size, context_length=context,
+        bos_token_id=config.get("bos_token_id"), eos_token_ids=token_ids(config.get("eos_token_id")),
+        pad_token_id=config.get("pad_token_id"), sliding_window=window, sliding_window_layers=windowed,
+    )

@@ -2,8 +2,9 @@
 a different MLP activation (tanh-approximated GELU instead of SiLU).
 
 Nothing here is specific to the registry: the weights come lazily from the safetensors files, the
-graph is assembled from blocks, and `save` streams it to disk. The same pattern mixes blocks of
-two families, or feeds another checkpoint's tensors into any block.
+graph is assembled from blocks, and `save` streams it to disk beside genai_config.json and the
+tokenizer, a folder onnxruntime-genai runs. The same pattern mixes blocks of two families, or
+feeds another checkpoint's tensors into any block.
 
     python scripts/craft_gelu_llama.py examples/tiny-llama out/gelu-llama
 """
@@ -67,7 +68,7 @@ def craft(source: Path, output: Path, activation: str = "gelu_pytorch_tanh", io_
     head = ckpt.weight("model.embed_tokens.weight") if config.get("tie_word_embeddings") else ckpt.weight("lm_head.weight")
     logits = blocks.lm_head(g, h, head, target)
     ckpt.check_consumed()  # every tensor used: nothing silently dropped
-    return save(g.model(io.inputs, io.outputs(logits, V, presents)), output, overwrite=True)
+    return save(g.model(io.inputs, io.outputs(logits, V, presents)), output, overwrite=True, source=source, target=target)
 
 
 if __name__ == "__main__":

@@ -103,6 +103,7 @@ def test_existing_output_is_refused_then_overwritten(tiny_llama, tmp_path, capsy
     rc, err = run(capsys, "-m", str(tiny_llama), "-o", str(out), "-q")
     assert rc == 2 and "exists and is not empty" in err
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    (out / "build.yaml").write_text("{}\n")  # --overwrite replaces only a previous build (test_outputs.py)
     rc, err = run(capsys, "-m", str(tiny_llama), "-o", str(out), "-q", "--overwrite")
     assert rc == 0 and (out / "model.onnx").is_file() and not (out / "keep.txt").exists()
 
@@ -111,7 +112,7 @@ def test_failure_while_saving_leaves_no_output(tiny_llama, tmp_path, monkeypatch
     def explode(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("builder.build.save_model", explode)
+    monkeypatch.setattr("builder.pipeline.save_model", explode)
     assert main(["-m", str(tiny_llama), "-o", str(tmp_path / "out"), "-q"]) == 130
     assert list(tmp_path.iterdir()) == []
     assert save_module.MODEL_FILE == "model.onnx"

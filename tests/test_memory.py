@@ -28,7 +28,7 @@ CONFIG = {
 CHILD = """
 import json, resource, sys
 from builder.cli import main
-import builder.build  # everything the build imports, before the baseline
+import builder.pipeline  # everything the build imports, before the baseline
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 rc = main(sys.argv[1:])
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -62,6 +62,13 @@ def source_folder(options: BuildOptions) -> Path:
     return hub.resolve(options.model, options.revision)
 
 
+def local_inputs(options: BuildOptions) -> list[Path]:
+    """The input folders known before any hub lookup (which source_folder may do)."""
+    named = [Path(options.input).expanduser()] if options.input is not None else []
+    model = Path(options.model).expanduser() if options.model else None
+    return named + ([model] if model is not None and model.is_dir() else [])
+
+
 def plan(options: BuildOptions, folder: Path) -> Plan:
     """Reads config.json and the safetensors headers and records the graph; reads no weight."""
     raw = read_json(folder / "config.json", "model")
@@ -167,8 +174,9 @@ def build(options: BuildOptions, progress: bool = True) -> Path:
     """
     started = time.perf_counter()
     output = options.output_folder
-    check_output(output, options.overwrite)  # fail before downloading or reading anything
+    check_output(output, options.overwrite, local_inputs(options))  # fail before downloading or reading anything
     folder = source_folder(options)
+    check_output(output, options.overwrite, [folder])  # a hub model's snapshot folder is known only now
     p = plan(options, folder)
     check_disk(p, options)
     log.info("%s: %d layers, %s parameters, %s of weights", p.architecture, p.info.num_layers,
@@ -176,7 +184,7 @@ def build(options: BuildOptions, progress: bool = True) -> Path:
     inputs = [f for f in folder.iterdir() if f.is_file() and not f.name.startswith(".")]
     hashes = hash_inputs(inputs)
     try:
-        with staged_folder(output, options.overwrite) as staging:
+        with staged_folder(output, options.overwrite, [folder]) as staging:
             save_model(p.model, staging, progress=progress)
             write_genai_files(folder, staging, genai_config(p.info, options.target(), p.generation, options.search))
             record.write(staging / "build.yaml", record.build_record(options, folder, hashes.result(), __version__))
