@@ -93,7 +93,8 @@ def test_save_describes_the_graph_as_the_pipeline_does(tmp_path, config_class, e
     from builder.pipeline import plan
 
     source = make_checkpoint(tmp_path / "ck", config_class, **{**TINY, **extra})
-    options = BuildOptions(model=str(source), output=str(tmp_path / "out"), precision="int4")
+    options = BuildOptions(model=str(source), output=str(tmp_path / "out"), precision="int4",
+                           windowed_kv_cache="sliding_window" in extra)
     p = plan(options, source)
     config = json.loads((source / "config.json").read_text())
     generation = json.loads((source / "generation_config.json").read_text())
