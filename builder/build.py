@@ -25,6 +25,7 @@ from builder.graph import Graph
 from builder.hf_config import read_json
 from builder.io import DecoderIO
 from builder.options import BuildOptions
+from builder.preflight import check_context_length, check_float_layers, check_not_prequantized, warn_if_no_tokenizer
 from builder.output import check_output, save_model, staged_folder
 from builder.record import hash_inputs
 from builder.report import Estimate, estimate, human
@@ -73,10 +74,12 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
             f"{names[0]} needs the checkpoint's own Python code (auto_map / trust_remote_code), which "
             f"builder never runs; supported: {', '.join(sorted(architectures.ARCHITECTURES))}"
         )
+    check_not_prequantized(raw, folder / "config.json")
     module = architectures.load(names[0])
     config = module.parse_config(raw, names[0])
     target = options.target()
     info = module.info(config)
+    check_context_length(target, info.context_length)
     if target.context_length:
         info = dataclasses.replace(info, context_length=target.context_length)
     checkpoint = Checkpoint.open(folder)
@@ -86,6 +89,9 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     io = DecoderIO.create(info.num_layers, info.num_kv_heads, info.head_size, target.io_dtype, windowed)
     logits, presents = module.build(g, io, checkpoint, config, target)
     checkpoint.check_consumed(module.IGNORED)
+    if target.quantization is not None:
+        check_float_layers(target.quantization.float_layers, g.linears)
+    warn_if_no_tokenizer(folder)
     model = g.model(io.inputs, io.outputs(logits, info.vocab_size, presents))
     RemoveUnusedNodesPass()(model)
     TopologicalSortPass()(model)
