@@ -79,6 +79,43 @@ def test_float_layers_matching_nothing_is_refused(src, tmp_path, capsys, pattern
                    f"--float-layers {pattern!r} matches no linear layer of the checkpoint")
 
 
+# quantization options with a float precision
+
+
+@pytest.mark.parametrize("flags, name", [
+    (["--block-size", "64"], "--block-size"),
+    (["--block-size", "32"], "--block-size"),  # even the int4 default: it does nothing for fp16
+    (["--asymmetric"], "--asymmetric"),
+    (["--accuracy-level", "4"], "--accuracy-level"),
+    (["--exclude-lm-head"], "--exclude-lm-head"),
+    (["--quantize-embeddings"], "--quantize-embeddings"),
+    (["--float-layers", "*.q_proj"], "--float-layers"),
+])
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+def test_quantization_flags_with_a_float_precision_are_refused(src, tmp_path, capsys, flags, name, precision):
+    assert_refused(capsys, tmp_path, ["-m", src, "-p", precision, *flags],
+                   f"error: {name}: applies to int4/int8 builds only; -p {precision} has no quantized weights")
+
+
+def test_quantization_keys_with_a_float_precision_in_yaml_are_refused(src, tmp_path, capsys):
+    cfg = tmp_path / "b.yaml"
+    cfg.write_text(yaml.safe_dump({"model": str(src), "precision": "bf16", "execution_provider": "cuda",
+                                   "exclude_lm_head": True}))
+    assert_refused(capsys, tmp_path, ["--config", cfg], "key 'exclude_lm_head': applies to int4/int8 builds only")
+
+
+def test_float_build_record_rebuilds_and_quantized_defaults_resolve(src, tmp_path, capsys):
+    rc, _, err = run(capsys, "-m", src, "-o", tmp_path / "a", "-q", "-p", "fp32")
+    assert rc == 0, err
+    record = yaml.safe_load((tmp_path / "a" / "build.yaml").read_text())
+    assert record["block_size"] is None and record["float_layers"] is None
+    rc, _, err = run(capsys, "--config", tmp_path / "a" / "build.yaml", "-o", tmp_path / "b", "-q")
+    assert rc == 0, err
+    assert (tmp_path / "a" / "model.onnx.data").read_bytes() == (tmp_path / "b" / "model.onnx.data").read_bytes()
+    q = BuildOptions(model="x").target().quantization
+    assert (q.block_size, q.symmetric, q.lm_head, q.embeddings, q.float_layers) == (32, True, True, False, ())
+
+
 # checkpoint checks
 
 
