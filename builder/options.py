@@ -102,6 +102,8 @@ class BuildOptions:
     context_length: int | None = option(None, int, "positions the model supports (default: max_position_embeddings)")
     full_kv_cache: bool = option(False, bool, "sliding-window layers get a context-long KV cache "
                                  "(default: window-long ring buffers)")
+    cache_dir: str | None = option(None, str, "Hugging Face cache folder for downloads (default: huggingface_hub's, "
+                                   "HF_HOME / HF_HUB_CACHE)", short="-c")
     search: dict[str, Any] = option({}, dict, "genai_config.json search defaults (YAML only), e.g. {top_k: 40}")
 
     def __post_init__(self) -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,3 +54,10 @@ def warn_if_no_tokenizer(folder: Path) -> None:
                     "onnxruntime-genai's tokenizer needs tokenizer.json (with tokenizer_config.json) or "
                     "tokenizer.model beside it", folder)
 
+
+@contextlib.contextmanager
+def timed(stage: str) -> Iterator[None]:
+    """Logs the stage's wall time at -v."""
+    started = time.perf_counter()
+    yield
+    log.debug("%-20s %.2f s", stage, time.perf_counter() - started)

@@ -79,6 +79,87 @@ def test_float_layers_matching_nothing_is_refused(src, tmp_path, capsys, pattern
                    f"--float-layers {pattern!r} matches no linear layer of the checkpoint")
 
 
+# --verify
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["-p", "fp16", "-e", "cuda"], "--verify runs the model with ONNX Runtime's CPU provider; a -e cuda build"),
+    (["-p", "bf16", "-e", "cuda"], "--verify runs the model with ONNX Runtime's CPU provider"),
+    (["-p", "int4", "-e", "cuda", "--io-dtype", "bf16"], "--verify runs the model with ONNX Runtime's CPU provider"),
+    (["--dry-run"], "--verify and --dry-run together"),
+])
+def test_verify_is_refused_before_building(src, tmp_path, capsys, argv, message):
+    assert_refused(capsys, tmp_path, ["-m", src, "--verify", *argv], message)
+
+
+def test_verify_without_onnxruntime_is_refused_before_building(src, tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
+    assert_refused(capsys, tmp_path, ["-m", src, "--verify"], "--verify needs onnxruntime (the test extras")
+
+
+def test_verify_without_onnxruntime_in_a_fresh_interpreter(src, tmp_path):
+    # A sitecustomize that hides onnxruntime, as on a machine without the test extras.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys\n"
+        "from importlib.machinery import PathFinder\n"
+        "class Hide(PathFinder):\n"
+        "    @classmethod\n"
+        "    def find_spec(cls, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'onnxruntime':\n"
+        "            return None\n"
+        "        return PathFinder.find_spec(name, path, target)\n"
+        "sys.meta_path[:] = [Hide if f is PathFinder else f for f in sys.meta_path]\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), *sys.path]))
+    r = subprocess.run([sys.executable, "-m", "builder", "-m", str(src), "-o", str(tmp_path / "out"), "--verify"],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == ["error: --verify needs onnxruntime (the test extras: pip install -e '.[test]')"]
+    assert not (tmp_path / "out").exists()
+
+
+def run_on_a_terminal(argv, cwd):
+    """Runs the CLI with stderr on a pseudo-terminal (where progress bars show); returns (rc, stderr)."""
+    leader, follower = pty.openpty()
+    p = subprocess.Popen([sys.executable, "-m", "builder", *map(str, argv)], stderr=follower,
+                         stdout=subprocess.DEVNULL, cwd=cwd)
+    os.close(follower)
+    err = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        err += chunk
+    os.close(leader)
+    return p.wait(), err.decode()
+
+
+def test_quiet_is_silent_on_a_terminal_even_with_verify(src, tmp_path):
+    rc, err = run_on_a_terminal(["-m", src, "-o", tmp_path / "out", "-q", "-p", "fp32", "--verify"], tmp_path)
+    assert rc == 0 and err == "", repr(err)
+
+
+def test_quiet_verify_still_fails_by_exit_code(src, tmp_path, capsys, monkeypatch):
+    import builder.verify
+
+    real = builder.verify.verify
+
+    def failing(*args, **kwargs):
+        v = real(*args, **kwargs)
+        return builder.verify.Verdict(v.max_abs_diff, v.relative, v.cosine, v.top1, passed=False)
+
+    monkeypatch.setattr(builder.verify, "verify", failing)
+    rc, out, err = run(capsys, "-m", src, "-o", tmp_path / "out", "-q", "-p", "fp32", "--verify")
+    assert rc == 3 and err == "" and out == str(tmp_path / "out")
+
+
 # quantization options with a float precision
 
 
@@ -147,3 +228,73 @@ def test_missing_tokenizer_is_a_warning(tiny_llama, src, tmp_path, capsys):
         "tokenizer needs tokenizer.json (with tokenizer_config.json) or tokenizer.model beside it"]
     rc, _, err = run(capsys, "-m", src, "-o", tmp_path / "b", "-q", "-p", "fp32")
     assert rc == 0 and err == ""
+
+
+# the command line itself
+
+
+STAGES = ("resolve", "plan", "write weights", "genai files", "hashing inputs")
+
+
+def test_verbose_prints_the_plan_and_stage_timings(src, tmp_path, capsys):
+    rc, _, err = run(capsys, "-m", src, "-o", tmp_path / "v", "-v", "-p", "fp32")
+    assert rc == 0, err
+    assert "architecture     LlamaForCausalLM (llama), 2 layers" in err and "peak memory" in err
+    lines = err.splitlines()
+    for stage in STAGES:
+        assert any(line.startswith(stage) and line.endswith(" s") for line in lines), stage
+    rc, _, err = run(capsys, "-m", src, "-o", tmp_path / "d", "-p", "fp32")
+    assert rc == 0, err
+    assert "architecture " not in err and not any(l.startswith(STAGES) for l in err.splitlines())
+
+
+def test_abbreviated_flags_are_refused(src, tmp_path):
+    with pytest.raises(SystemExit) as e:
+        main(["-m", str(src), "-o", str(tmp_path / "out"), "--quant"])
+    assert e.value.code == 2 and not (tmp_path / "out").exists()
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"builder {__version__}"
+
+
+def test_list_architectures(capsys):
+    rc, out, _ = run(capsys, "--list-architectures")
+    assert rc == 0
+    listed = dict(line.split("\t") for line in out.splitlines())
+    assert listed == {name: f"architectures/{module}.py" for name, module in architectures.ARCHITECTURES.items()}
+    assert all((Path(architectures.__file__).parent.parent / path).is_file() for path in listed.values())
+
+
+def test_onnxruntime_genai_builder_spellings(src, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc, _, err = run(capsys, "--model_name", "ignored/by-input", "--input", src, "--output", out, "--precision", "int4",
+                     "--execution_provider", "cpu", "-c", tmp_path / "cache", "-q", "--extra_options",
+                     "int4_block_size=64", "accuracy_level=0", "int4_is_symmetric=false", "exclude_embeds=false",
+                     "windowed_kv_cache=true")
+    assert rc == 0, err
+    nbits = [n for n in nodes(out) if n.op_type == "MatMulNBits"]
+    attrs = [{a.name: a.i for a in n.attribute} for n in nbits]
+    assert nbits and all(a["block_size"] == 64 and a["accuracy_level"] == 0 for a in attrs)
+    assert all(len(n.input) == 4 and n.input[3] for n in nbits)  # asymmetric: zero points
+    record = yaml.safe_load((out / "build.yaml").read_text())
+    assert record["cache_dir"] == str(tmp_path / "cache") and record["symmetric"] is False
+
+
+@pytest.mark.parametrize("pair, message", [
+    ("use_qdq=true", "--extra_options use_qdq=true: builder does not do this; only use_qdq=false"),
+    ("exclude_lm_head=true", "--extra_options exclude_lm_head=true: builder does not do this"),
+    ("int4_algo_config=k_quant", "--extra_options int4_algo_config: builder has no such option; it maps block_size"),
+    ("block_size=big", "--extra_options block_size=big: not a valid value for block_size"),
+    ("block_size", "--extra_options block_size: expected KEY=VALUE"),
+    ("block_size=48", "--block-size: 48 is not one of: 16, 32, 64, 128, 256"),
+])
+def test_unknown_extra_options_are_refused(src, tmp_path, capsys, pair, message):
+    assert_refused(capsys, tmp_path, ["-m", src, "--extra_options", pair], message)
+
+
+def test_extra_options_contradicting_a_flag_are_refused(src, tmp_path, capsys):
+    assert_refused(capsys, tmp_path, ["-m", src, "--block-size", "32", "--extra_options", "block_size=64"],
+                   "--extra_options block_size=64 contradicts --block-size 32")
