@@ -54,6 +54,8 @@ class Graph:
         # initializer name -> the checkpoint tensors its recipe reads (for plans and records)
         self.sources: dict[str, tuple[str, ...]] = {}
         self._by_products: set[str] = set()
+        # linear layer module path -> the checkpoint modules its weight is made of
+        self.linears: dict[str, tuple[str, ...]] = {}
 
     @contextlib.contextmanager
     def scope(self, *parts: str) -> Iterator[None]:

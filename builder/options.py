@@ -36,6 +36,12 @@ _REFUSED = {
     ("bf16", "cpu"): "ONNX Runtime's CPU kernels have no bfloat16 GroupQueryAttention/MatMul; use fp32 or fp16 on cpu, bf16 on cuda",
     ("fp32", "cuda"): "GroupQueryAttention on CUDA needs fp16 or bf16 activations",
 }
+# Options that only mean something for int4/int8, and their defaults there (accuracy_level's
+# default depends on the execution provider and is resolved in target()).
+QUANTIZATION_DEFAULTS: dict[str, Any] = {
+    "block_size": 32, "symmetric": True, "accuracy_level": None, "exclude_lm_head": False,
+    "quantize_embeddings": False, "float_layers": [],
+}
 # genai_config.json "search" keys a build may set, and their types.
 SEARCH_KEYS: dict[str, tuple[type, ...]] = {
     "do_sample": (bool,), "temperature": (int, float), "top_k": (int,), "top_p": (int, float),
@@ -82,27 +88,31 @@ class BuildOptions:
     revision: str | None = option(None, str, "hub revision (branch, tag or commit)")
     overwrite: bool = option(False, bool, "replace an existing non-empty output folder")
     bits: int | None = option(None, int, "quantized weight bits (4 or 8); the same as -p int4 / int8", (4, 8))
-    block_size: int = option(32, int, "int4/int8: elements of K per scale", BLOCK_SIZES)
-    symmetric: bool = option(True, bool, "int4/int8: per-block zero points (default: symmetric, none)",
+    block_size: int | None = option(None, int, "int4/int8: elements of K per scale (default 32)", BLOCK_SIZES)
+    symmetric: bool | None = option(None, bool, "int4/int8: per-block zero points (default: symmetric, none)",
                              flag="--asymmetric", flag_value=False)
     accuracy_level: int | None = option(None, int, "int4/int8: MatMulNBits accuracy_level (default 4 on cpu, 0 on cuda)",
                                         ACCURACY_LEVELS)
-    exclude_lm_head: bool = option(False, bool, "int4/int8: keep lm_head in float")
-    quantize_embeddings: bool = option(False, bool, "int4: quantize an untied embedding table too")
-    float_layers: list[str] = option([], list, "int4/int8: modules kept in float, fnmatch patterns on "
-                                     "dotted paths such as 'model.layers.0.*' (repeatable)")
+    exclude_lm_head: bool | None = option(None, bool, "int4/int8: keep lm_head in float")
+    quantize_embeddings: bool | None = option(None, bool, "int4: quantize an untied embedding table too")
+    float_layers: list[str] | None = option(None, list, "int4/int8: linear layers kept in float, fnmatch patterns "
+                                            "on checkpoint module names such as '*.q_proj' or 'model.layers.0.*' "
+                                            "(repeatable)")
     io_dtype: str | None = option(None, str, "int4/int8: activation dtype (default fp32 on cpu, fp16 on cuda)", IO_DTYPES)
     context_length: int | None = option(None, int, "positions the model supports (default: max_position_embeddings)")
     windowed_kv_cache: bool = option(False, bool, "sliding-window layers keep window-long ring-buffer KV "
                                      "caches: less memory, but onnxruntime-genai then needs max_length >= the "
                                      "window and batches of equal-length prompts (default: full-length caches)")
+    cache_dir: str | None = option(None, str, "Hugging Face cache folder for downloads (default: huggingface_hub's, "
+                                   "HF_HOME / HF_HUB_CACHE)", short="-c")
     search: dict[str, Any] = option({}, dict, "genai_config.json search defaults (YAML only), e.g. {top_k: 40}")
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             _check_kind(f, getattr(self, f.name))
         set_ = object.__setattr__
-        set_(self, "float_layers", list(self.float_layers))
+        if self.float_layers is not None:
+            set_(self, "float_layers", list(self.float_layers))
         if self.model is None and self.input is None:
             raise OptionError("model", "give a Hugging Face id or folder (or an input folder)")
         precision = self.precision
@@ -112,6 +122,7 @@ class BuildOptions:
                 raise OptionError("bits", f"{self.bits} contradicts precision {precision!r}")
             precision = implied
         set_(self, "precision", precision or DEFAULT_PRECISION)
+        self._resolve_quantization()
         if self.precision not in QUANTIZED and self.io_dtype not in (None, self.precision):
             raise OptionError("io_dtype", f"a {self.precision} model's activations are {self.precision}")
         io = self.resolved_io_dtype
@@ -126,6 +137,17 @@ class BuildOptions:
                 raise OptionError("search", f"unknown key {key!r}; allowed: {', '.join(SEARCH_KEYS)}")
             if isinstance(value, bool) != (SEARCH_KEYS[key] == (bool,)) or not isinstance(value, SEARCH_KEYS[key]):
                 raise OptionError("search", f"{key} must be {' or '.join(t.__name__ for t in SEARCH_KEYS[key])}, got {value!r}")
+
+    def _resolve_quantization(self) -> None:
+        """Quantization options default to None ("not given"): a quantized build fills in the
+        defaults, a float build refuses any that was given, since it would change nothing."""
+        for key, default in QUANTIZATION_DEFAULTS.items():
+            value = getattr(self, key)
+            if self.precision in QUANTIZED:
+                if value is None:
+                    object.__setattr__(self, key, type(default)(default) if isinstance(default, list) else default)
+            elif value is not None:
+                raise OptionError(key, f"applies to int4/int8 builds only; -p {self.precision} has no quantized weights")
 
     @property
     def resolved_io_dtype(self) -> str:

@@ -25,6 +25,7 @@ from builder.graph import Graph
 from builder.hf_config import read_json
 from builder.io import DecoderIO
 from builder.options import BuildOptions
+from builder.preflight import check_context_length, check_float_layers, check_not_prequantized, timed, warn_if_no_tokenizer
 from builder.output import check_output, save_model, staged_folder
 from builder.record import hash_inputs
 from builder.report import Estimate, estimate, human
@@ -59,7 +60,7 @@ def source_folder(options: BuildOptions) -> Path:
         if not folder.is_dir():
             raise BuildError(f"--input {folder}: no such folder")
         return folder
-    return hub.resolve(options.model, options.revision)
+    return hub.resolve(options.model, options.revision, options.cache_dir)
 
 
 def local_inputs(options: BuildOptions) -> list[Path]:
@@ -80,10 +81,12 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
             f"{names[0]} needs the checkpoint's own Python code (auto_map / trust_remote_code), which "
             f"builder never runs; supported: {', '.join(sorted(architectures.ARCHITECTURES))}"
         )
+    check_not_prequantized(raw, folder / "config.json")
     module = architectures.load(names[0])
     config = module.parse_config(raw, names[0])
     target = options.target()
     info = module.info(config)
+    check_context_length(target, info.context_length)
     if target.context_length:
         info = dataclasses.replace(info, context_length=target.context_length)
     checkpoint = Checkpoint.open(folder)
@@ -94,6 +97,9 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     io = DecoderIO.create(info.num_layers, info.num_kv_heads, info.head_size, target.io_dtype, windowed)
     logits, presents = module.build(g, io, checkpoint, config, target)
     checkpoint.check_consumed(module.IGNORED)
+    if target.quantization is not None:
+        check_float_layers(target.quantization.float_layers, g.linears)
+    warn_if_no_tokenizer(folder)
     model = g.model(io.inputs, io.outputs(logits, info.vocab_size, presents))
     RemoveUnusedNodesPass()(model)
     TopologicalSortPass()(model)
@@ -175,9 +181,12 @@ def build(options: BuildOptions, progress: bool = True) -> Path:
     started = time.perf_counter()
     output = options.output_folder
     check_output(output, options.overwrite, local_inputs(options))  # fail before downloading or reading anything
-    folder = source_folder(options)
+    with timed("resolve"):
+        folder = source_folder(options)
     check_output(output, options.overwrite, [folder])  # a hub model's snapshot folder is known only now
-    p = plan(options, folder)
+    with timed("plan"):
+        p = plan(options, folder)
+    log.debug("%s", describe(p, options))
     check_disk(p, options)
     log.info("%s: %d layers, %s parameters, %s of weights", p.architecture, p.info.num_layers,
              f"{p.parameters:,}", human(p.checkpoint.nbytes))
@@ -185,9 +194,13 @@ def build(options: BuildOptions, progress: bool = True) -> Path:
     hashes = hash_inputs(inputs)
     try:
         with staged_folder(output, options.overwrite, [folder]) as staging:
-            save_model(p.model, staging, progress=progress)
-            write_genai_files(folder, staging, genai_config(p.info, options.target(), p.generation, options.search))
-            record.write(staging / "build.yaml", record.build_record(options, folder, hashes.result(), __version__))
+            with timed("write weights"):
+                save_model(p.model, staging, progress=progress)
+            with timed("genai files"):
+                write_genai_files(folder, staging, genai_config(p.info, options.target(), p.generation, options.search))
+            with timed("hashing inputs"):
+                digests = hashes.result()
+            record.write(staging / "build.yaml", record.build_record(options, folder, digests, __version__))
     except OSError as e:  # a full disk, a vanished mount: the staging folder is already gone
         raise BuildError(f"writing {output} failed: {e.strerror or e}; nothing was written") from None
     log.info("wrote %s in %.1f s", output, time.perf_counter() - started)

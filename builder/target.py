@@ -20,7 +20,8 @@ class Quantization:
         lm_head: quantize the output projection too.
         embeddings: quantize the embedding table when it is not tied to lm_head (tied ones share
             lm_head's quantized matrix whenever lm_head is quantized to 4 bits).
-        float_layers: fnmatch patterns of module paths kept in float (`model.layers.0.*`, `*.down_proj`).
+        float_layers: fnmatch patterns of module paths kept in float (`model.layers.0.*`, `*.q_proj`),
+            matched against the graph's module path and the checkpoint modules the linear is made of.
     """
 
     bits: int = 4
@@ -31,11 +32,22 @@ class Quantization:
     embeddings: bool = False
     float_layers: tuple[str, ...] = field(default_factory=tuple)
 
-    def applies_to(self, module: str) -> bool:
-        """Whether the linear layer at `module` (dotted Hugging Face path) is quantized."""
+    def applies_to(self, module: str, sources: tuple[str, ...] = ()) -> bool:
+        """Whether the linear layer at `module` (dotted graph path) is quantized. `sources` are the
+        checkpoint modules it is made of (`...q_proj`, `...k_proj`, `...v_proj` for a fused qkv_proj):
+        a pattern matching any of them keeps the whole fused layer in float."""
         if module == "lm_head" and not self.lm_head:
             return False
-        return not any(fnmatch.fnmatchcase(module, p) for p in self.float_layers)
+        return not any(matches(p, (module, *sources)) for p in self.float_layers)
+
+
+def matches(pattern: str, modules: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(m, pattern) for m in modules)
+
+
+def source_modules(tensors: tuple[str, ...]) -> tuple[str, ...]:
+    """Checkpoint module names of tensor names: `model.layers.0.self_attn.q_proj.weight` -> `...q_proj`."""
+    return tuple(dict.fromkeys(t.rsplit(".", 1)[0] for t in tensors))
 
 
 @dataclass(frozen=True)
@@ -63,5 +75,5 @@ class Target:
         """Rows of the rotary tables: the context length asked for, else the model's."""
         return self.context_length or max_position_embeddings
 
-    def quantizes(self, module: str) -> bool:
-        return self.quantization is not None and self.quantization.applies_to(module)
+    def quantizes(self, module: str, sources: tuple[str, ...] = ()) -> bool:
+        return self.quantization is not None and self.quantization.applies_to(module, sources)

@@ -8,6 +8,7 @@ the graph, not the expected quantization error.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from dataclasses import dataclass
@@ -40,18 +41,46 @@ class Verdict:
 TOLERANCE = {"fp32": (0.99999, 1.0), "fp16": (0.999, 0.9), "int8": (0.999, 0.9), "int4": (0.998, 0.8)}
 
 
-def _graph_module(name: str) -> str:
-    """The graph's module path for a transformers Linear (fused q/k/v, no multimodal prefix)."""
-    name = re.sub(r"\.(q|k|v)_proj$", ".qkv_proj", name).replace("language_model.model.", "model.")
-    return name.replace("model.language_model.", "model.")
+# What --verify imports; checked before building (find_spec imports nothing).
+REQUIREMENTS = ("torch", "transformers", "onnxruntime")
 
 
-def _reference_model(folder: Path, options: BuildOptions):
+def check_verifiable(options: BuildOptions) -> None:
+    """Refuses, before anything is built, a --verify that could only fail after the build."""
+    missing = [m for m in REQUIREMENTS if importlib.util.find_spec(m) is None]
+    if missing:
+        raise BuildError(f"--verify needs {', '.join(missing)} (the test extras: pip install -e '.[test]')")
+    if options.execution_provider != "cpu":
+        raise BuildError(f"--verify runs the model with ONNX Runtime's CPU provider; a -e {options.execution_provider} "
+                         "build cannot be verified here (verify the same precision built for cpu)")
+    if options.resolved_io_dtype == "bf16":
+        raise BuildError("--verify runs ONNX Runtime on the CPU, which has no bfloat16 kernels; verify a fp16 build")
+
+
+def _graph_linears(name: str, rows: int) -> list[tuple[str, tuple[str, ...], slice]]:
+    """The graph's linear layers a transformers Linear feeds: (module path, the checkpoint modules it
+    is made of, its rows). q/k/v become one qkv_proj; Phi-3's gate_up_proj becomes gate_proj and
+    up_proj; a multimodal prefix is dropped."""
+    module = name.replace("language_model.model.", "model.").replace("model.language_model.", "model.")
+    fused = re.match(r"(.*)\.(q|k|v)_proj$", name)
+    if fused:
+        parts = tuple(f"{fused.group(1)}.{p}_proj" for p in "qkv")
+        return [(re.sub(r"\.(q|k|v)_proj$", ".qkv_proj", module), parts, slice(None))]
+    if name.endswith(".gate_up_proj"):
+        half = rows // 2
+        return [(module[: -len("gate_up_proj")] + "gate_proj", (name,), slice(0, half)),
+                (module[: -len("gate_up_proj")] + "up_proj", (name,), slice(half, rows))]
+    return [(module, (name,), slice(None))]
+
+
+def _reference_model(folder: Path, options: BuildOptions, quiet: bool = False):
     try:
         import torch
         import transformers
     except ImportError:
         raise BuildError("--verify needs the test extras: pip install -e '.[test]'") from None
+    if quiet:
+        transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars on stderr
     config = json.loads((folder / "config.json").read_text())
     auto = (transformers.AutoModelForImageTextToText if config["architectures"][0].endswith("ConditionalGeneration")
             else transformers.AutoModelForCausalLM)
@@ -61,10 +90,13 @@ def _reference_model(folder: Path, options: BuildOptions):
     if q is not None:
         with torch.no_grad():
             for name, module in model.named_modules():
-                if isinstance(module, torch.nn.Linear) and target.quantizes(_graph_module(name)):
-                    w = module.weight.numpy()
-                    m = quantize(w, q.bits, q.block_size, q.symmetric, np.float32)
-                    module.weight.copy_(torch.from_numpy(dequantize(m, w.shape[1], q.bits)))
+                if not isinstance(module, torch.nn.Linear):
+                    continue
+                w = module.weight.numpy()  # shares memory with the parameter: edited in place
+                for graph_module, sources, rows in _graph_linears(name, w.shape[0]):
+                    if target.quantizes(graph_module, sources):
+                        m = quantize(w[rows], q.bits, q.block_size, q.symmetric, np.float32)
+                        w[rows] = dequantize(m, w.shape[1], q.bits)
     return model
 
 
@@ -80,13 +112,12 @@ def _prompt(folder: Path, vocab: int) -> list[int]:
     return [int(i) % vocab for i in (1, 415, 5565, 302, 4843, 349, 5465, 28723, 415, 5565, 302)]
 
 
-def verify(options: BuildOptions, output: Path, folder: Path) -> Verdict:
+def verify(options: BuildOptions, output: Path, folder: Path, quiet: bool = False) -> Verdict:
+    check_verifiable(options)
     import onnxruntime as ort
     import torch
 
-    if options.resolved_io_dtype == "bf16":
-        raise BuildError("--verify runs ONNX Runtime on the CPU, which has no bfloat16 kernels; verify a fp16 build")
-    model = _reference_model(folder, options)
+    model = _reference_model(folder, options, quiet)
     session = ort.InferenceSession(str(output / "model.onnx"), providers=["CPUExecutionProvider"])
     genai = json.loads((output / "genai_config.json").read_text())["model"]
     decoder = genai["decoder"]

@@ -4,6 +4,7 @@ import errno
 import json
 import shutil
 import struct
+from pathlib import Path
 
 import numpy as np
 import onnx_ir.external_data
@@ -11,6 +12,8 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from builder.cli import main
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "tiny-llama"
 
 
 def run(capsys, *argv):
@@ -21,7 +24,11 @@ def run(capsys, *argv):
 
 @pytest.fixture
 def src(tiny_llama, tmp_path):
-    return shutil.copytree(tiny_llama, tmp_path / "src")
+    """The tiny checkpoint with tokenizer files, as a hub folder has them (no missing-tokenizer warning)."""
+    folder = shutil.copytree(tiny_llama, tmp_path / "src")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(EXAMPLE / name, folder / name)
+    return folder
 
 
 def assert_refused(capsys, tmp_path, argv, message, code=2):
@@ -69,9 +76,9 @@ def test_pickle_only_checkpoint(src, tmp_path, capsys):
     assert_refused(capsys, tmp_path, ["-m", src], "never unpickles")
 
 
-def test_output_path_that_cannot_be_written(tiny_llama, tmp_path, capsys):
+def test_output_path_that_cannot_be_written(src, tmp_path, capsys):
     (tmp_path / "a-file").write_text("x")
-    rc, err = run(capsys, "-m", tiny_llama, "-q", "-o", tmp_path / "a-file" / "out")
+    rc, err = run(capsys, "-m", src, "-q", "-o", tmp_path / "a-file" / "out")
     assert rc == 2 and "cannot write to" in err and len(err.splitlines()) == 1
 
 
@@ -79,7 +86,7 @@ def test_output_path_that_cannot_be_written(tiny_llama, tmp_path, capsys):
     (OSError(errno.ENOSPC, "No space left on device"), 2, "No space left on device; nothing was written"),
     (KeyboardInterrupt(), 130, "interrupted; nothing was written"),
 ])
-def test_failure_in_the_middle_of_writing_weights(tiny_llama, tmp_path, capsys, monkeypatch, failure, code, message):
+def test_failure_in_the_middle_of_writing_weights(src, tmp_path, capsys, monkeypatch, failure, code, message):
     real = onnx_ir.external_data._write_tensor_at
     written = []
 
@@ -90,7 +97,7 @@ def test_failure_in_the_middle_of_writing_weights(tiny_llama, tmp_path, capsys, 
         real(tensor, file, offset)
 
     monkeypatch.setattr(onnx_ir.external_data, "_write_tensor_at", failing)
-    assert_refused(capsys, tmp_path, ["-m", tiny_llama, "-p", "fp32"], message, code)
+    assert_refused(capsys, tmp_path, ["-m", src, "-p", "fp32"], message, code)
     assert len(written) == 3
 
 

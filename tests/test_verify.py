@@ -8,7 +8,7 @@ from builder.graph import Graph
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "int4", "int8"])
 def test_verify_passes_on_a_correct_build(tiny_llama, tmp_path, capsys, precision):
-    rc = main(["-m", str(tiny_llama), "-o", str(tmp_path / "out"), "-q", "-p", precision, "--verify"])
+    rc = main(["-m", str(tiny_llama), "-o", str(tmp_path / "out"), "-p", precision, "--verify"])
     err = capsys.readouterr().err
     assert rc == 0, err
     line = next(l for l in err.splitlines() if l.startswith("verify:"))
@@ -27,7 +27,7 @@ def test_verify_catches_a_wrong_model(tiny_llama, tmp_path, capsys, monkeypatch)
         return real(self, op_type, inputs, attributes, *args, **kwargs)
 
     monkeypatch.setattr(Graph, "node", wrong_rotary)
-    rc = main(["-m", str(tiny_llama), "-o", str(tmp_path / "out"), "-q", "-p", "fp32", "--verify"])
+    rc = main(["-m", str(tiny_llama), "-o", str(tmp_path / "out"), "-p", "fp32", "--verify"])
     err = capsys.readouterr().err
     assert rc == 3
     assert next(l for l in err.splitlines() if l.startswith("verify:")).endswith("FAIL")

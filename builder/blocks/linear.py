@@ -15,7 +15,7 @@ import onnx_ir as ir
 from builder.graph import Graph
 from builder.lazy import SharedResult, Weight
 from builder.quantize import packed_shapes, quantize
-from builder.target import Quantization, Target
+from builder.target import Quantization, Target, source_modules
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,9 @@ def linear(
     quantized: QuantizedValues | None = None,
 ) -> ir.Value:
     """x · Wᵀ (+ b). `quantized` reuses initializers already registered for this weight (tied lm_head)."""
-    if quantized is None and target.quantizes(module_name(g)):
+    module, sources = module_name(g), source_modules(weight.sources)
+    g.linears[module] = sources if quantized is None else ()  # what --float-layers patterns may name
+    if quantized is None and target.quantizes(module, sources):
         quantized = quantized_weight(g, weight, target.quantization, target.io_dtype)
     if quantized is not None:
         q = target.quantization

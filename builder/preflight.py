@@ -1,0 +1,63 @@
+"""Checks a plan makes before anything is written: each refuses in one line, or warns in one line."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from builder.errors import BuildError
+from builder.target import Target, matches
+
+log = logging.getLogger("builder")
+
+# onnxruntime-genai's tokenizer reads tokenizer.json (with tokenizer_config.json), or a
+# SentencePiece tokenizer.model; without one of them beside the model it fails to load it.
+TOKENIZER_MODELS = ("tokenizer.json", "tokenizer.model")
+
+
+def check_not_prequantized(raw: dict[str, Any], path: Path) -> None:
+    """A checkpoint whose weights are already quantized (AWQ, GPTQ, FP8, bitsandbytes, mxfp4) holds
+    packed integers and scales under other tensor names: refused until builder reads those formats."""
+    for where, cfg in (("", raw), ("text_config.", raw.get("text_config") or {})):
+        q = cfg.get("quantization_config")
+        if q:
+            method = q.get("quant_method", "unknown") if isinstance(q, dict) else "unknown"
+            raise BuildError(f"{path}: {where}quantization_config says the weights are already quantized "
+                             f"(quant_method {method!r}); builder reads float checkpoints only (bf16, fp16, fp32)")
+
+
+def check_context_length(target: Target, max_position_embeddings: int) -> None:
+    """Positions past max_position_embeddings were never trained: the model's output there is garbage."""
+    if target.context_length and target.context_length > max_position_embeddings:
+        raise BuildError(f"--context-length {target.context_length} is past the model's maximum of "
+                         f"{max_position_embeddings} positions (max_position_embeddings)")
+
+
+def check_float_layers(patterns: tuple[str, ...], linears: dict[str, tuple[str, ...]]) -> None:
+    """Every --float-layers pattern must name a linear layer (by graph path or checkpoint module)."""
+    candidates = {"lm_head": ()} | linears
+    for pattern in patterns:
+        if not any(matches(pattern, (module, *sources)) for module, sources in candidates.items()):
+            examples = [m for sources in linears.values() for m in sources][:3] or list(linears)[:3]
+            raise BuildError(f"--float-layers {pattern!r} matches no linear layer of the checkpoint "
+                             f"(module names look like {', '.join(examples)})")
+
+
+def warn_if_no_tokenizer(folder: Path) -> None:
+    """The model is still built (a tokenizer can be copied in later), but onnxruntime-genai will not load it."""
+    if not any((folder / name).is_file() for name in TOKENIZER_MODELS):
+        log.warning("warning: %s has no tokenizer.json or tokenizer.model: the model is built, but "
+                    "onnxruntime-genai's tokenizer needs tokenizer.json (with tokenizer_config.json) or "
+                    "tokenizer.model beside it", folder)
+
+
+@contextlib.contextmanager
+def timed(stage: str) -> Iterator[None]:
+    """Logs the stage's wall time at -v."""
+    started = time.perf_counter()
+    yield
+    log.debug("%-20s %.2f s", stage, time.perf_counter() - started)
