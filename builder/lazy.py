@@ -94,24 +94,36 @@ class Weight:
 
     @staticmethod
     def concat(weights: Sequence[Weight], axis: int = 0) -> Weight:
-        """Joins weights along `axis` (QKV fusion); they must share dtype and the other dims."""
+        """Joins weights along `axis` (QKV fusion); they must share dtype and the other dims.
+        When written, each part is copied straight into its slice of the output: the fused
+        tensor is never held twice."""
         first = weights[0]
         if len(weights) == 1:
             return first
         shape = list(first.shape)
+        axis %= len(shape)
         for w in weights[1:]:
             if w.dtype != first.dtype or len(w.shape) != len(shape) or any(
-                a != b for i, (a, b) in enumerate(zip(w.shape, shape)) if i != axis % len(shape)
+                a != b for i, (a, b) in enumerate(zip(w.shape, shape)) if i != axis
             ):
                 raise ValueError(f"cannot concatenate {w} with {first} along axis {axis}")
         shape[axis] = sum(w.shape[axis] for w in weights)
         parts = [w._compute for w in weights]
-        return Weight(
-            shape,
-            first.dtype,
-            lambda s: np.concatenate([_resolve(p(s)) for p in parts], axis=axis),
-            tuple(n for w in weights for n in w.sources),
-        )
+        return Weight(shape, first.dtype, lambda s: _Concat([p(s) for p in parts], axis),
+                      tuple(n for w in weights for n in w.sources))
+
+    @staticmethod
+    def stack(weights: Sequence[Weight]) -> Weight:
+        """Stacks equal weights along a new first axis (a mixture of experts' [E, N, K]); each is
+        copied into its own slice when written."""
+        first = weights[0]
+        for w in weights[1:]:
+            if w.dtype != first.dtype or w.shape != first.shape:
+                raise ValueError(f"cannot stack {w} with {first}")
+        parts = [w._compute for w in weights]
+        return Weight((len(weights), *first.shape), first.dtype,
+                      lambda s: _Concat([_expand(p(s)) for p in parts], 0),
+                      tuple(n for w in weights for n in w.sources))
 
     def numpy(self) -> np.ndarray:
         """Runs the recipe: a C-contiguous array of `dtype` that owns its memory."""
@@ -120,7 +132,7 @@ class Weight:
             if isinstance(value, _Cast):
                 value = value.array
             out = np.empty(self.shape, self.dtype)
-            copy_into(out, value)  # one pass: layout change and cast together
+            _copy_parts(out, value)  # one pass: layout change and cast together
             del value
         return out
 
@@ -182,7 +194,7 @@ class _Cast:
         return self.array.shape
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        out = self.array.astype(self.dtype)
+        out = np.asarray(self.array).astype(self.dtype)
         return out if dtype is None else out.astype(dtype, copy=False)
 
     @property
@@ -193,10 +205,69 @@ class _Cast:
         return _Cast(self.array[index], self.dtype)
 
 
-def _resolve(value: np.ndarray | _Cast) -> np.ndarray:
-    """Materializes a pending cast when a step needs real values of the target dtype."""
+class _Concat:
+    """Parts joined along `axis`, not yet copied: `numpy()` writes each part into its slice of the
+    output; row slices (the quantizer's chunks) touch only the parts they cover."""
+
+    __slots__ = ("parts", "axis")
+
+    def __init__(self, parts: list, axis: int):
+        self.parts = parts
+        self.axis = axis
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        shape = list(self.parts[0].shape)
+        shape[self.axis] = sum(p.shape[self.axis] for p in self.parts)
+        return tuple(shape)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = np.concatenate([np.asarray(p) for p in self.parts], axis=self.axis)
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    @property
+    def T(self) -> _Concat:  # noqa: N802 - mirrors ndarray.T so views stay pending
+        return _Concat([p.T for p in self.parts], len(self.parts[0].shape) - 1 - self.axis)
+
+    def __getitem__(self, index):
+        if self.axis != 0 or not isinstance(index, slice) or index.step not in (None, 1):
+            return np.asarray(self)[index]
+        start, stop, _ = index.indices(self.shape[0])
+        pieces, offset = [], 0
+        for p in self.parts:
+            low, high = max(start - offset, 0), min(stop - offset, p.shape[0])
+            if low < high:
+                pieces.append(p[low:high])
+            offset += p.shape[0]
+        return pieces[0] if len(pieces) == 1 else _Concat(pieces, 0)
+
+
+def _expand(value):
+    """value[None] for an array, a pending cast or a pending concatenation."""
+    if isinstance(value, _Concat):
+        return _Concat([_expand(p) for p in value.parts], value.axis + 1)
+    return value[None]
+
+
+def _copy_parts(out: np.ndarray, value) -> None:
+    """copy_into, writing a pending concatenation's parts into their slices of `out`."""
+    if not isinstance(value, _Concat):
+        copy_into(out, np.asarray(value) if isinstance(value, _Cast) else value)
+        return
+    offset = 0
+    for part in value.parts:
+        n = part.shape[value.axis]
+        index = tuple(slice(offset, offset + n) if a == value.axis else slice(None) for a in range(out.ndim))
+        _copy_parts(out[index], part)
+        offset += n
+
+
+def _resolve(value) -> np.ndarray:
+    """Materializes a pending cast or concatenation when a step needs real values."""
     if isinstance(value, _Cast):
-        return value.array.astype(value.dtype)
+        return np.asarray(value.array).astype(value.dtype)
+    if isinstance(value, _Concat):
+        return np.asarray(value)
     return value
 
 
