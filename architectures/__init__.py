@@ -28,4 +28,8 @@ def load(architecture: str) -> ModuleType:
         raise BuildError(
             f"unsupported architecture {architecture!r}; supported: {', '.join(sorted(ARCHITECTURES))}"
         )
-    return importlib.import_module(f"architectures.{ARCHITECTURES[architecture]}")
+    module = importlib.import_module(f"architectures.{ARCHITECTURES[architecture]}")
+    if architecture not in module.VARIANTS:
+        raise BuildError(f"the registry sends {architecture} to architectures/{ARCHITECTURES[architecture]}.py, "
+                         "which does not define it (no VARIANTS row)")
+    return module

@@ -10,18 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.architecture import DecoderInfo, decoder_info, output_embedding
+from builder.architecture import Weights, attention_weights, vocabulary
 from builder.blocks import (
     AttentionSpec,
-    AttentionWeights,
-    DecoderLayer,
+    ResidualStream,
     Rope,
-    decoder_stack,
-    embedding,
-    lm_head,
+    gated_mlp,
     rotary_tables,
+    self_attention,
     sequence_lengths,
-    shared_vocabulary,
 )
 from builder.checkpoint import Checkpoint
 from builder.graph import Graph
@@ -39,14 +36,22 @@ VARIANTS: dict[str, dict[str, Any]] = {
     ),
     "Qwen2ForCausalLM": dict(
         model_type="qwen2", vocab_size=151936, intermediate_size=22016, num_key_value_heads=32,
-        max_position_embeddings=32768, bos_token_id=None, eos_token_id=None, qkv_bias=True,
+        max_position_embeddings=32768, bos_token_id=None, eos_token_id=None,
         use_sliding_window=False, sliding_window=4096, max_window_layers=28,
     ),
     "Qwen3ForCausalLM": dict(
         model_type="qwen3", vocab_size=151936, intermediate_size=22016, num_key_value_heads=32,
-        head_dim=128, max_position_embeddings=32768, bos_token_id=None, eos_token_id=None, qk_norm=True,
+        head_dim=128, max_position_embeddings=32768, bos_token_id=None, eos_token_id=None,
         use_sliding_window=False, sliding_window=4096, max_window_layers=28,
     ),
+}
+
+# What each modeling file fixes whatever config.json says: Llama has no window (its config ignores
+# `sliding_window`); Qwen2 has q/k/v biases and no o_proj bias; Qwen3 a per-head q/k RMSNorm.
+STRUCTURE: dict[str, dict[str, Any]] = {
+    "LlamaForCausalLM": dict(sliding_window=None),
+    "Qwen2ForCausalLM": dict(qkv_bias=True, attention_bias=False),
+    "Qwen3ForCausalLM": dict(qk_norm=True),
 }
 
 # Older checkpoints saved the rotary buffer; it is recomputed from the config.
@@ -91,6 +96,8 @@ class LlamaConfig:
             set_(self, "num_key_value_heads", self.num_attention_heads)
         if self.use_sliding_window is False:
             set_(self, "sliding_window", None)
+        if self.attention_bias:
+            set_(self, "qkv_bias", True)  # Llama/Qwen3: attention_bias covers q, k, v and o
         if self.layer_types is None:
             # Mistral slides in every layer; Qwen2/3 from max_window_layers on.
             first_sliding = self.max_window_layers or 0
@@ -112,65 +119,47 @@ class LlamaConfig:
 
 def parse_config(raw: dict[str, Any], architecture: str) -> LlamaConfig:
     defaults = VARIANTS[architecture]
-    derived: dict[str, Any] = {}
-    if architecture == "Qwen2ForCausalLM":
-        derived["attention_bias"] = False  # Qwen2 hard-codes q/k/v biases and no o_proj bias
-    elif raw.get("attention_bias"):
-        derived["qkv_bias"] = True  # Llama/Qwen3: attention_bias covers q, k, v and o
-    if architecture in ("LlamaForCausalLM",):
-        derived["sliding_window"] = None  # not a Llama config key; transformers ignores it
     max_pos = raw.get("max_position_embeddings", defaults.get("max_position_embeddings", 2048))
-    return from_dict(LlamaConfig, raw, defaults, rope_parameters=rope_parameters(raw, max_pos), **derived)
+    return from_dict(LlamaConfig, raw, defaults, rope_parameters=rope_parameters(raw, max_pos),
+                     **STRUCTURE.get(architecture, {}))
 
 
-def info(c: LlamaConfig) -> DecoderInfo:
-    return decoder_info(c, [c.window(i) for i in range(c.num_hidden_layers)])
+def decoder_layer(g: Graph, stream: ResidualStream, w: Weights, c: LlamaConfig, i: int, past, lengths, rotary,
+                  target: Target):
+    """LlamaDecoderLayer.forward: x + attn(norm(x)), then x + mlp(norm(x)); returns the layer's KV."""
+    H, D, I = c.hidden_size, c.head_dim, c.intermediate_size
+    with g.scope("input_layernorm"):
+        h = stream.norm(w("input_layernorm.weight", H))
+    a = w.under("self_attn.")
+    attention = attention_weights(a, c, c.qkv_bias, c.attention_bias, a if c.qk_norm else None)
+    spec = AttentionSpec(c.num_attention_heads, c.num_key_value_heads, D, window=c.window(i), norm_eps=c.rms_norm_eps)
+    with g.scope("self_attn"):
+        h, key, value = self_attention(g, h, past, lengths, rotary, attention, spec, target)
+    stream.add(h)
+    with g.scope("post_attention_layernorm"):
+        h = stream.norm(w("post_attention_layernorm.weight", H))
+    m = w.under("mlp.")
+    biases = (m("gate_proj.bias", I), m("up_proj.bias", I), m("down_proj.bias", H)) if c.mlp_bias else None
+    with g.scope("mlp"):
+        stream.add(gated_mlp(g, h, m("gate_proj.weight", I, H), m("up_proj.weight", I, H), m("down_proj.weight", H, I),
+                             c.hidden_act, target, biases))
+    return key, value
 
 
 def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: LlamaConfig, target: Target):
-    H, D, V, I = c.hidden_size, c.head_dim, c.vocab_size, c.intermediate_size
-    q_dim, kv_dim = c.num_attention_heads * D, c.num_key_value_heads * D
-
-    def w(name: str, *shape: int):
-        return ckpt.weight(name, shape)
-
-    def opt(name: str, *shape: int):
-        return ckpt.weight(name, shape) if name in ckpt else None
-
-    rope = Rope.from_parameters(c.rope_parameters, D, c.max_position_embeddings)
+    rope = Rope.from_parameters(c.rope_parameters, c.head_dim, c.max_position_embeddings)
     rotary = rotary_tables(g, rope, c.max_position_embeddings, target)
     lengths = sequence_lengths(g, io.attention_mask)
+    vocab = vocabulary(g, ckpt, target, (c.vocab_size, c.hidden_size), c.tie_word_embeddings)
+    stream = ResidualStream(g, vocab.embed(g, io.input_ids), c.rms_norm_eps, target)
+    presents = []
+    for i in range(c.num_hidden_layers):
+        with g.scope("model", f"layers.{i}"):
+            w = Weights(ckpt, f"model.layers.{i}.")
+            presents.append(decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
+    with g.scope("model", "norm"):
+        h = stream.norm(ckpt.weight("model.norm.weight", (c.hidden_size,)))
+    return vocab.logits(g, h), presents
 
-    embed = w("model.embed_tokens.weight", V, H)
-    head, tied = output_embedding(ckpt, embed, c.tie_word_embeddings, (V, H))
-    shared = shared_vocabulary(g, head, target) if tied else None
-    with g.scope("model", "embed_tokens"):
-        x = embedding(g, io.input_ids, embed, target, shared=shared)
 
-    def layer(i: int) -> DecoderLayer:
-        a, m = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-        return DecoderLayer(
-            input_norm=w(f"model.layers.{i}.input_layernorm.weight", H),
-            attention=AttentionWeights(
-                q=w(a + "q_proj.weight", q_dim, H), k=w(a + "k_proj.weight", kv_dim, H),
-                v=w(a + "v_proj.weight", kv_dim, H), o=w(a + "o_proj.weight", H, q_dim),
-                q_bias=w(a + "q_proj.bias", q_dim) if c.qkv_bias else None,
-                k_bias=w(a + "k_proj.bias", kv_dim) if c.qkv_bias else None,
-                v_bias=w(a + "v_proj.bias", kv_dim) if c.qkv_bias else None,
-                o_bias=w(a + "o_proj.bias", H) if c.attention_bias else None,
-                q_norm=w(a + "q_norm.weight", D) if c.qk_norm else None,
-                k_norm=w(a + "k_norm.weight", D) if c.qk_norm else None,
-            ),
-            spec=AttentionSpec(c.num_attention_heads, c.num_key_value_heads, D, window=c.window(i), norm_eps=c.rms_norm_eps),
-            rotary=rotary,
-            post_attention_norm=w(f"model.layers.{i}.post_attention_layernorm.weight", H),
-            gate=w(m + "gate_proj.weight", I, H), up=w(m + "up_proj.weight", I, H), down=w(m + "down_proj.weight", H, I),
-            activation=c.hidden_act,
-            mlp_biases=(w(m + "gate_proj.bias", I), w(m + "up_proj.bias", I), w(m + "down_proj.bias", H)) if c.mlp_bias else None,
-        )
-
-    layers = (layer(i) for i in range(c.num_hidden_layers))
-    h, presents = decoder_stack(g, x, layers, w("model.norm.weight", H), io, lengths, c.rms_norm_eps, target)
-    return lm_head(g, h, head, target, shared=shared), presents
-
-__all__ = ["IGNORED", "VARIANTS", "LlamaConfig", "build", "info", "parse_config"]
+__all__ = ["IGNORED", "STRUCTURE", "VARIANTS", "LlamaConfig", "build", "decoder_layer", "parse_config"]

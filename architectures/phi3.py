@@ -14,25 +14,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.architecture import DecoderInfo, decoder_info, output_embedding
+from builder.architecture import Weights, vocabulary
 from builder.blocks import (
     AttentionSpec,
     AttentionWeights,
-    DecoderLayer,
+    ResidualStream,
     Rope,
-    decoder_stack,
-    embedding,
-    lm_head,
+    gated_mlp,
     longrope_tables,
     rotary_tables,
+    self_attention,
     sequence_lengths,
-    shared_vocabulary,
 )
 from builder.checkpoint import Checkpoint
 from builder.graph import Graph
 from builder.hf_config import effective_window, from_dict, rope_parameters
 from builder.io import DecoderIO
 from builder.target import Target
+
+VARIANTS: dict[str, dict[str, Any]] = {"Phi3ForCausalLM": {}}
 
 IGNORED = ("model.layers.*.self_attn.rotary_emb.*",)
 
@@ -63,8 +63,7 @@ class Phi3Config:
         if self.num_key_value_heads is None:
             object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
 
-    @property
-    def window(self) -> int | None:
+    def window(self, layer: int) -> int | None:
         return effective_window(self.sliding_window, self.max_position_embeddings)
 
     @property
@@ -86,45 +85,43 @@ def parse_config(raw: dict[str, Any], architecture: str) -> Phi3Config:
     return from_dict(Phi3Config, raw, rope_parameters=params)
 
 
-def info(c: Phi3Config) -> DecoderInfo:
-    return decoder_info(c, [c.window] * c.num_hidden_layers)
+def decoder_layer(g: Graph, stream: ResidualStream, w: Weights, c: Phi3Config, i: int, past, lengths, rotary,
+                  target: Target):
+    """Phi3DecoderLayer.forward: Llama's pre-norm layer over the fused qkv_proj and gate_up_proj."""
+    H, D, I = c.hidden_size, c.head_dim, c.intermediate_size
+    q_dim, kv_dim = c.num_attention_heads * D, c.num_key_value_heads * D
+    with g.scope("input_layernorm"):
+        h = stream.norm(w("input_layernorm.weight", H))
+    attention = AttentionWeights(qkv=w("self_attn.qkv_proj.weight", q_dim + 2 * kv_dim, H),
+                                 o=w("self_attn.o_proj.weight", H, q_dim))
+    spec = AttentionSpec(c.num_attention_heads, c.num_key_value_heads, D, window=c.window(i))
+    with g.scope("self_attn"):
+        h, key, value = self_attention(g, h, past, lengths, rotary, attention, spec, target)
+    stream.add(h)
+    with g.scope("post_attention_layernorm"):
+        h = stream.norm(w("post_attention_layernorm.weight", H))
+    gate_up = w("mlp.gate_up_proj.weight", 2 * I, H)  # gate rows, then up rows
+    with g.scope("mlp"):
+        stream.add(gated_mlp(g, h, gate_up.slice(0, 0, I), gate_up.slice(0, I, 2 * I), w("mlp.down_proj.weight", H, I),
+                             c.hidden_act, target))
+    return key, value
 
 
 def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: Phi3Config, target: Target):
-    H, D, V, I = c.hidden_size, c.head_dim, c.vocab_size, c.intermediate_size
-    q_dim, kv_dim = c.num_attention_heads * D, c.num_key_value_heads * D
-
-    def w(name: str, *shape: int):
-        return ckpt.weight(name, shape)
-
+    D = c.head_dim
     lengths = sequence_lengths(g, io.attention_mask)
     if c.rope_parameters["rope_type"] == "longrope":
         rotary = longrope_tables(g, c.rope_parameters, D, c.max_position_embeddings, lengths.total_sequence_length, target)
     else:
         rope = Rope.from_parameters(c.rope_parameters, D, c.max_position_embeddings)
         rotary = rotary_tables(g, rope, c.max_position_embeddings, target)
-
-    embed = w("model.embed_tokens.weight", V, H)
-    head, tied = output_embedding(ckpt, embed, c.tie_word_embeddings, (V, H))
-    shared = shared_vocabulary(g, head, target) if tied else None
-    with g.scope("model", "embed_tokens"):
-        x = embedding(g, io.input_ids, embed, target, shared=shared)
-
-    def layer(i: int) -> DecoderLayer:
-        p = f"model.layers.{i}."
-        gate_up = w(p + "mlp.gate_up_proj.weight", 2 * I, H)  # gate rows, then up rows
-        return DecoderLayer(
-            input_norm=w(p + "input_layernorm.weight", H),
-            attention=AttentionWeights(
-                qkv=w(p + "self_attn.qkv_proj.weight", q_dim + 2 * kv_dim, H), o=w(p + "self_attn.o_proj.weight", H, q_dim),
-            ),
-            spec=AttentionSpec(c.num_attention_heads, c.num_key_value_heads, D, window=c.window),
-            rotary=rotary,
-            post_attention_norm=w(p + "post_attention_layernorm.weight", H),
-            gate=gate_up.slice(0, 0, I), up=gate_up.slice(0, I, 2 * I), down=w(p + "mlp.down_proj.weight", H, I),
-            activation=c.hidden_act,
-        )
-
-    layers = (layer(i) for i in range(c.num_hidden_layers))
-    h, presents = decoder_stack(g, x, layers, w("model.norm.weight", H), io, lengths, c.rms_norm_eps, target)
-    return lm_head(g, h, head, target, shared=shared), presents
+    vocab = vocabulary(g, ckpt, target, (c.vocab_size, c.hidden_size), c.tie_word_embeddings)
+    stream = ResidualStream(g, vocab.embed(g, io.input_ids), c.rms_norm_eps, target)
+    presents = []
+    for i in range(c.num_hidden_layers):
+        with g.scope("model", f"layers.{i}"):
+            w = Weights(ckpt, f"model.layers.{i}.")
+            presents.append(decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
+    with g.scope("model", "norm"):
+        h = stream.norm(ckpt.weight("model.norm.weight", (c.hidden_size,)))
+    return vocab.logits(g, h), presents

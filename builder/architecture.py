@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import onnx_ir as ir
 
+from builder.blocks.attention import AttentionWeights
+from builder.blocks.vocabulary import Vocabulary
 from builder.checkpoint import Checkpoint
 from builder.graph import Graph
 from builder.hf_config import token_ids
@@ -37,9 +40,10 @@ class DecoderInfo:
     sliding_window_layers: list[int] = field(default_factory=list)
 
 
-def decoder_info(c: Any, windows: list[int | None]) -> DecoderInfo:
-    """DecoderInfo from a config dataclass with Hugging Face's key names; `windows[i]` is layer
-    i's sliding window (None for global layers)."""
+def decoder_info(c: Any) -> DecoderInfo:
+    """DecoderInfo from any family's config: a dataclass with Hugging Face's key names and a
+    `window(layer)` method (the layer's sliding window, None for global layers)."""
+    windows = [c.window(i) for i in range(c.num_hidden_layers)]
     sliding = [i for i, w in enumerate(windows) if w]
     return DecoderInfo(
         model_type=c.model_type, vocab_size=c.vocab_size, hidden_size=c.hidden_size,
@@ -51,34 +55,72 @@ def decoder_info(c: Any, windows: list[int | None]) -> DecoderInfo:
     )
 
 
-class Architecture(Protocol):
-    """A module in architectures/: a config parser, the graph, and what to ignore."""
+class Weights:
+    """Checkpoint weights under one module prefix: `w("self_attn.q_proj.weight", out, in)` reads
+    `model.layers.3.self_attn.q_proj.weight` and checks its shape."""
 
+    def __init__(self, ckpt: Checkpoint, prefix: str = ""):
+        self.ckpt, self.prefix = ckpt, prefix
+
+    def __call__(self, name: str, *shape: int) -> Weight:
+        return self.ckpt.weight(self.prefix + name, shape or None)
+
+    def optional(self, name: str, *shape: int) -> Weight | None:
+        """The weight, or None when the checkpoint does not store it (an optional bias)."""
+        return self(name, *shape) if self.prefix + name in self.ckpt else None
+
+    def under(self, prefix: str) -> Weights:
+        return type(self)(self.ckpt, self.prefix + prefix)
+
+
+def attention_weights(
+    a: Weights, c: Any, qkv_bias: bool = False, o_bias: bool = False,
+    qk_norm: Callable[[str, int], Weight] | None = None,
+) -> AttentionWeights:
+    """A self_attn module's q/k/v/o_proj in Hugging Face's usual names, their biases when the
+    family has them, and its per-head q/k norms read by `qk_norm` (e.g. `a` itself) when it has
+    those; shapes from the config's hidden_size, heads and head_dim."""
+    H, D = c.hidden_size, c.head_dim
+    q_dim, kv_dim = c.num_attention_heads * D, c.num_key_value_heads * D
+    return AttentionWeights(
+        q=a("q_proj.weight", q_dim, H), k=a("k_proj.weight", kv_dim, H), v=a("v_proj.weight", kv_dim, H),
+        o=a("o_proj.weight", H, q_dim),
+        q_bias=a("q_proj.bias", q_dim) if qkv_bias else None, k_bias=a("k_proj.bias", kv_dim) if qkv_bias else None,
+        v_bias=a("v_proj.bias", kv_dim) if qkv_bias else None, o_bias=a("o_proj.bias", H) if o_bias else None,
+        q_norm=qk_norm("q_norm.weight", D) if qk_norm else None, k_norm=qk_norm("k_norm.weight", D) if qk_norm else None,
+    )
+
+
+class Architecture(Protocol):
+    """A module in architectures/: the architectures it defines, a config parser, the graph, and
+    what to ignore. Its config dataclass has config.json's key names and `window(layer)`; builder
+    derives the rest (decoder_info)."""
+
+    VARIANTS: dict[str, dict[str, Any]]  # architecture name -> transformers' defaults for it
     IGNORED: tuple[str, ...]  # fnmatch patterns of checkpoint tensors deliberately left unused
 
     def parse_config(self, raw: dict[str, Any], architecture: str) -> Any: ...
-
-    def info(self, config: Any) -> DecoderInfo: ...
 
     def build(
         self, g: Graph, io: DecoderIO, ckpt: Checkpoint, config: Any, target: Target
     ) -> tuple[ir.Value, list[tuple[ir.Value, ir.Value]]]: ...
 
 
-def output_embedding(
-    ckpt: Checkpoint, embed: Weight, tied: bool, shape: tuple[int, int], name: str = "lm_head.weight"
-) -> tuple[Weight, bool]:
-    """lm_head's weight, and whether it is the embedding (tied).
-
-    As transformers 5 loads them: with `tie_word_embeddings` and no stored lm_head, or a stored
-    copy equal to the embedding, lm_head is the embedding; a stored lm_head that differs is used
-    as is, untied (transformers warns and does the same).
-    """
-    if name not in ckpt or not tied:
-        return (embed, True) if tied else (ckpt.weight(name, shape), False)
-    if ckpt.same_values(name, embed.sources[0]):
-        ckpt.consume(name)
-        return embed, True
-    log.warning("%s differs from the embedding although tie_word_embeddings is set: using it untied, "
-                "as transformers does", name)
-    return ckpt.weight(name, shape), False
+def vocabulary(
+    g: Graph, ckpt: Checkpoint, target: Target, shape: tuple[int, int], tied: bool,
+    embed: str = "model.embed_tokens.weight", head: str = "lm_head.weight",
+) -> Vocabulary:
+    """The embedding and lm_head of a checkpoint, tied as transformers 5 ties them: with
+    `tie_word_embeddings` and no stored lm_head, or a stored copy equal to the embedding, lm_head
+    is the embedding (stored once); a stored lm_head that differs is used as is, untied
+    (transformers warns and does the same)."""
+    table = ckpt.weight(embed, shape)
+    if not tied:
+        return Vocabulary.create(g, table, ckpt.weight(head, shape), False, target)
+    if head in ckpt and not ckpt.same_values(head, embed):
+        log.warning("%s differs from the embedding although tie_word_embeddings is set: using it untied, "
+                    "as transformers does", head)
+        return Vocabulary.create(g, table, ckpt.weight(head, shape), False, target)
+    if head in ckpt:
+        ckpt.consume(head)
+    return Vocabulary.create(g, table, table, True, target)

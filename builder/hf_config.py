@@ -76,3 +76,36 @@ def effective_window(window: int | None, max_positions: int) -> int | None:
     """A sliding window that can cut anything: one at least the context long never does (Phi-3.5's
     262144 over 131072 positions), and is dropped so those layers stay ordinary global ones."""
     return window if window and window < max_positions else None
+
+
+def rope_parameters_by_layer_type(
+    raw: dict[str, Any], max_position_embeddings: int, global_theta: float, local_theta_key: str, local_theta: float,
+) -> dict[str, dict[str, Any]]:
+    """Rotary settings per layer type, as transformers resolves them for configs whose sliding
+    layers rotate differently (Gemma 3: Gemma3TextConfig): `rope_scaling` and `rope_theta`
+    (default `global_theta`) apply to full-attention layers, `raw[local_theta_key]` (default
+    `local_theta`) to sliding ones, which are never scaled. A `rope_parameters` already given per
+    layer type is kept."""
+    given = raw.get("rope_parameters")
+    params = {k: dict(v) for k, v in given.items()} if isinstance(given, dict) and "full_attention" in given else {}
+    full = params.setdefault("full_attention", {"rope_type": "default"})
+    sliding = params.setdefault("sliding_attention", {"rope_type": "default"})
+    if raw.get("rope_scaling"):
+        full.update(raw["rope_scaling"])
+    full.setdefault("rope_theta", raw.get("rope_theta", global_theta))
+    sliding.setdefault("rope_theta", raw.get(local_theta_key, local_theta))
+    for p in (full, sliding):
+        p.setdefault("rope_type", p.get("type", "default"))
+        if p["rope_type"] in SCALED_ROPE_TYPES:
+            p.setdefault("original_max_position_embeddings", max_position_embeddings)
+    return params
+
+
+def text_config(raw: dict[str, Any], key: str) -> dict[str, Any]:
+    """A multimodal config.json's text decoder settings (`raw[key]`), with the token ids that only
+    the outer config gives."""
+    text = dict(raw.get(key) or {})
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if name not in text and name in raw:
+            text[name] = raw[name]
+    return text

@@ -17,7 +17,7 @@ from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
 
 import architectures
 from builder import __version__, hub, record
-from builder.architecture import DecoderInfo
+from builder.architecture import DecoderInfo, decoder_info
 from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
 from builder.genai_config import TOKENIZER_FILES, genai_config, write_genai_files
@@ -25,8 +25,14 @@ from builder.graph import Graph
 from builder.hf_config import read_json
 from builder.io import DecoderIO
 from builder.options import BuildOptions
-from builder.preflight import check_context_length, check_float_layers, check_not_prequantized, timed, warn_if_no_tokenizer
 from builder.output import check_output, save_model, staged_folder
+from builder.preflight import (
+    check_context_length,
+    check_float_layers,
+    check_not_prequantized,
+    timed,
+    warn_if_no_tokenizer,
+)
 from builder.record import hash_inputs
 from builder.report import Estimate, estimate, human
 
@@ -85,7 +91,7 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     module = architectures.load(names[0])
     config = module.parse_config(raw, names[0])
     target = options.target()
-    info = module.info(config)
+    info = decoder_info(config)
     check_context_length(target, info.context_length)
     if target.context_length:
         info = dataclasses.replace(info, context_length=target.context_length)

@@ -46,7 +46,7 @@ def main() -> None:
     args = p.parse_args()
     from helpers import build, make_checkpoint
 
-    import builder.blocks.decoder as decoder
+    import builder.blocks.residual as decoder
 
     root = Path(tempfile.mkdtemp())
     source = make_checkpoint(root / "src", "Gemma3TextConfig", vocab_size=32000, hidden_size=1152,

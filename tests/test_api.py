@@ -23,9 +23,9 @@ def test_public_names_are_pinned():
         "__version__", "blocks", "build", "save",
     ]
     assert sorted(builder.blocks.__all__) == [
-        "AttentionSpec", "AttentionWeights", "DecoderLayer", "QuantizedValues", "Rope", "SequenceLengths", "activation",
-        "decoder_stack", "embedding", "gated_mlp", "linear", "lm_head", "longrope_tables", "quantized_weight", "rms_norm",
-        "rotary_tables", "self_attention", "sequence_lengths", "shared_vocabulary", "skip_rms_norm",
+        "AttentionSpec", "AttentionWeights", "QuantizedValues", "ResidualStream", "Rope", "SequenceLengths", "Vocabulary",
+        "activation", "embedding", "gated_mlp", "linear", "lm_head", "longrope_tables", "quantized_weight", "rms_norm",
+        "rotary_tables", "rotary_tables_by_layer_type", "self_attention", "sequence_lengths", "shared_vocabulary", "skip_rms_norm",
     ]
     for name in builder.__all__ + [f"blocks.{n}" for n in builder.blocks.__all__]:
         obj = builder
@@ -60,3 +60,18 @@ def test_build_can_be_called_twice_in_one_process(tmp_path):
                             progress=False)
         assert (out / "model.onnx").is_file()
     assert callable(builder.build)
+
+
+def test_registry_names_only_architectures_their_modules_define(monkeypatch):
+    import architectures
+    from builder.errors import BuildError
+
+    for name in architectures.ARCHITECTURES:
+        assert name in architectures.load(name).VARIANTS
+    monkeypatch.setitem(architectures.ARCHITECTURES, "LlamaForTokenClassification", "llama")
+    try:
+        architectures.load("LlamaForTokenClassification")
+    except BuildError as e:
+        assert "does not define it" in str(e)
+    else:
+        raise AssertionError("a registry line naming an undefined architecture loaded")

@@ -7,23 +7,29 @@ from builder.blocks.attention import (
     self_attention,
     sequence_lengths,
 )
-from builder.blocks.decoder import DecoderLayer, decoder_stack
 from builder.blocks.embedding import embedding
 from builder.blocks.linear import QuantizedValues, linear, quantized_weight
 from builder.blocks.lm_head import lm_head, shared_vocabulary
 from builder.blocks.mlp import activation, gated_mlp
 from builder.blocks.norm import rms_norm, skip_rms_norm
-from builder.blocks.rope import Rope, longrope_tables, rotary_tables
+from builder.blocks.residual import ResidualStream
+from builder.blocks.rope import (
+    Rope,
+    longrope_tables,
+    rotary_tables,
+    rotary_tables_by_layer_type,
+)
+from builder.blocks.vocabulary import Vocabulary
 
 __all__ = [
     "AttentionSpec",
     "AttentionWeights",
-    "DecoderLayer",
     "QuantizedValues",
+    "ResidualStream",
     "Rope",
     "SequenceLengths",
+    "Vocabulary",
     "activation",
-    "decoder_stack",
     "embedding",
     "gated_mlp",
     "linear",
@@ -32,6 +38,7 @@ __all__ = [
     "quantized_weight",
     "rms_norm",
     "rotary_tables",
+    "rotary_tables_by_layer_type",
     "self_attention",
     "sequence_lengths",
     "shared_vocabulary",

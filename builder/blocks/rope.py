@@ -152,6 +152,22 @@ def rotary_tables(g: Graph, rope: Rope, max_positions: int, target: Target, name
         return g.weight(f"{name}cos_cache", cos), g.weight(f"{name}sin_cache", sin)
 
 
+def rotary_tables_by_layer_type(
+    g: Graph, parameters: dict[str, Any], layer_types: list[str], head_dim: int, max_positions: int, target: Target,
+) -> dict[str, tuple[ir.Value, ir.Value]]:
+    """The (cos, sin) tables for each layer type. `parameters` is one rope_parameters dict for all
+    layers, or one per layer type (`{"full_attention": {...}, "sliding_attention": {...}}`, as
+    Gemma 3's config resolves): then each type gets its own tables, `full_cos_cache`, ...."""
+    if not all(t in parameters for t in layer_types):
+        tables = rotary_tables(g, Rope.from_parameters(parameters, head_dim, max_positions), max_positions, target)
+        return {t: tables for t in layer_types}
+    return {
+        t: rotary_tables(g, Rope.from_parameters(parameters[t], head_dim, max_positions), max_positions, target,
+                         t.split("_")[0] + "_")
+        for t in dict.fromkeys(layer_types)
+    }
+
+
 def longrope_tables(
     g: Graph, params: dict[str, Any], head_dim: int, max_positions: int, total_sequence_length: ir.Value, target: Target
 ) -> tuple[ir.Value, ir.Value]:
