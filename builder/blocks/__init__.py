@@ -11,7 +11,7 @@ from builder.blocks.embedding import embedding
 from builder.blocks.linear import QuantizedValues, linear, quantized_weight
 from builder.blocks.lm_head import lm_head, shared_vocabulary
 from builder.blocks.mlp import activation, gated_mlp
-from builder.blocks.norm import rms_norm, skip_rms_norm
+from builder.blocks.norm import layer_norm, rms_norm, skip_layer_norm, skip_rms_norm
 from builder.blocks.residual import ResidualStream
 from builder.blocks.rope import (
     Rope,
@@ -33,6 +33,7 @@ __all__ = [
     "embedding",
     "gated_mlp",
     "linear",
+    "layer_norm",
     "lm_head",
     "longrope_tables",
     "quantized_weight",
@@ -42,5 +43,6 @@ __all__ = [
     "self_attention",
     "sequence_lengths",
     "shared_vocabulary",
+    "skip_layer_norm",
     "skip_rms_norm",
 ]

@@ -85,12 +85,13 @@ def self_attention(
     x: ir.Value,
     past: tuple[ir.Value, ir.Value],
     lengths: SequenceLengths,
-    rotary: tuple[ir.Value, ir.Value],
+    rotary: tuple[ir.Value, ir.Value] | None,
     w: AttentionWeights,
     spec: AttentionSpec,
     target: Target,
 ) -> tuple[ir.Value, ir.Value, ir.Value]:
-    """Returns (attention output after o_proj, present_key, present_value); `rotary` is (cos, sin)."""
+    """Returns (attention output after o_proj, present_key, present_value); `rotary` is (cos, sin),
+    or None for a layer without rotary embedding (SmolLM3's and Cohere 2's global layers)."""
     q_dim, kv_dim = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     biases = (w.q_bias, w.k_bias, w.v_bias)
     bias = None
@@ -116,7 +117,8 @@ def self_attention(
         q, k, v = qkv, None, None  # packed QKV input
 
     out, present_k, present_v = g.ms.GroupQueryAttention(
-        q, k, v, past[0], past[1], lengths.seqlens_k, lengths.total_sequence_length, rotary[0], rotary[1],
+        q, k, v, past[0], past[1], lengths.seqlens_k, lengths.total_sequence_length,
+        *(rotary if rotary is not None else (None, None)),
         _outputs=3,
         num_heads=spec.num_heads,
         kv_num_heads=spec.num_kv_heads,
@@ -125,8 +127,8 @@ def self_attention(
         local_window_size=spec.window if spec.window else -1,
         # A window-sized ring buffer instead of a max-length cache for this layer's KV.
         sliding_window_cache=1 if spec.window and target.windowed_kv_cache else None,
-        do_rotary=1,
-        rotary_interleaved=0,  # Hugging Face's rotate_half layout
+        do_rotary=1 if rotary is not None else 0,
+        rotary_interleaved=0 if rotary is not None else None,  # Hugging Face's rotate_half layout
     )  # out: (B, S, num_heads * head_dim)
     with g.scope("o_proj"):
         out = linear(g, out, w.o, target, w.o_bias)

@@ -1,6 +1,8 @@
-"""RMSNorm as ONNX Runtime's fused SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization.
+"""RMSNorm and LayerNorm, and each fused with the residual add before it.
 
-Both compute in float32 whatever the IO dtype (stash_type=1), as Hugging Face's RMSNorm does.
+RMSNorm is ONNX Runtime's SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization,
+LayerNorm ONNX's LayerNormalization / ONNX Runtime's SkipLayerNormalization. All compute their
+statistics in float32 whatever the IO dtype (stash_type=1), as Hugging Face's norms do.
 """
 
 from __future__ import annotations
@@ -32,3 +34,32 @@ def skip_rms_norm(
     # Outputs: normalized, mean, inv_std_var, input + skip. The statistics are not needed.
     out = g.ms.SkipSimplifiedLayerNormalization(x, residual, w, epsilon=float(eps), _outputs=4, _unused=(1, 2))
     return out[0], out[3]
+
+
+def layer_norm(
+    g: Graph, x: ir.Value, weight: Weight | None, bias: Weight | None, eps: float, target: Target,
+    dtype: np.dtype | None = None, hidden: int | None = None,
+) -> ir.Value:
+    """y = (x − mean) / sqrt(var + eps) · weight + bias over the last axis; no weight (OLMo's
+    non-parametric norm) means ones, no bias zeros (then `hidden` gives their length)."""
+    dtype = np.dtype(dtype or target.io_dtype)
+    w, b = _layer_norm_params(g, weight, bias, dtype, hidden)
+    return g.op.LayerNormalization(x, w, b, axis=-1, epsilon=float(eps), stash_type=1)
+
+
+def skip_layer_norm(
+    g: Graph, x: ir.Value, residual: ir.Value, weight: Weight | None, bias: Weight | None, eps: float,
+    target: Target, dtype: np.dtype | None = None, hidden: int | None = None,
+) -> tuple[ir.Value, ir.Value]:
+    """(layer_norm(x + residual), x + residual): the residual add fused into the norm."""
+    dtype = np.dtype(dtype or target.io_dtype)
+    w, b = _layer_norm_params(g, weight, bias, dtype, hidden)
+    out = g.ms.SkipLayerNormalization(x, residual, w, b, epsilon=float(eps), _outputs=4, _unused=(1, 2))
+    return out[0], out[3]
+
+
+def _layer_norm_params(g: Graph, weight: Weight | None, bias: Weight | None, dtype: np.dtype, hidden: int | None):
+    size = weight.shape[0] if weight is not None else bias.shape[0] if bias is not None else hidden
+    w = g.weight("weight", weight.astype(dtype)) if weight is not None else g.constant(np.ones(size, dtype))
+    b = g.weight("bias", bias.astype(dtype)) if bias is not None else g.constant(np.zeros(size, dtype))
+    return w, b

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_ir as ir
 
-from builder.blocks.norm import rms_norm, skip_rms_norm
+from builder.blocks.norm import layer_norm, rms_norm, skip_layer_norm, skip_rms_norm
 from builder.graph import Graph
 from builder.lazy import Weight
 from builder.target import Target
@@ -24,16 +24,19 @@ from builder.target import Target
 
 class ResidualStream:
     """The residual stream x, and the branch output h waiting to be added to it: the add is fused
-    into the next norm (SkipSimplifiedLayerNormalization), so no family writes that bookkeeping.
+    into the next norm (a Skip…Normalization), so no family writes that bookkeeping.
 
+    `layer_norm` picks LayerNorm (weight and bias) instead of RMSNorm for every norm on the stream.
+    Several branches added before the next norm are summed first (parallel attention and MLP).
     The stream and its norms run in `dtype`. That is the IO dtype, except where a family's stream
     outgrows it: Gemma's residual reaches about 1e5 on real weights, past fp16's 65504, so its fp16
     builds keep the stream in float32 (as ONNX Runtime's own builder does) and cast only each
     norm's output to fp16 for the projections.
     """
 
-    def __init__(self, g: Graph, x: ir.Value, eps: float, target: Target, dtype: np.dtype | None = None):
-        self.g, self.eps, self.target = g, eps, target
+    def __init__(self, g: Graph, x: ir.Value, eps: float, target: Target, dtype: np.dtype | None = None,
+                 layer_norm: bool = False):
+        self.g, self.eps, self.target, self.layer_norm = g, eps, target, layer_norm
         self.dtype = np.dtype(dtype or target.io_dtype)
         self.x, self.branch = self._into_stream(x), None
 
@@ -47,19 +50,33 @@ class ResidualStream:
             return v
         return self.g.op.Cast(v, to=ir.DataType.from_numpy(self.target.io_dtype))
 
-    def norm(self, weight: Weight) -> ir.Value:
-        """rms_norm(x + h) in the IO dtype, after adding the pending branch h to the stream."""
+    def _norm(self, x: ir.Value, weight: Weight | None, bias: Weight | None) -> ir.Value:
+        if self.layer_norm:
+            return layer_norm(self.g, x, weight, bias, self.eps, self.target, self.dtype)
+        return rms_norm(self.g, x, weight, self.eps, self.target, self.dtype)
+
+    def norm(self, weight: Weight | None, bias: Weight | None = None) -> ir.Value:
+        """norm(x + h) in the IO dtype, after adding the pending branch h to the stream."""
         if self.branch is None:
-            h = rms_norm(self.g, self.x, weight, self.eps, self.target, self.dtype)
+            h = self._norm(self.x, weight, bias)
+        elif self.layer_norm:
+            h, self.x = skip_layer_norm(self.g, self.branch, self.x, weight, bias, self.eps, self.target, self.dtype)
         else:
             h, self.x = skip_rms_norm(self.g, self.branch, self.x, weight, self.eps, self.target, self.dtype)
-            self.branch = None
+        self.branch = None
         return self._out_of_stream(h)
 
-    def add(self, h: ir.Value, norm: Weight | None = None) -> None:
-        """Queues x + h, or x + rms_norm(h) with a post-norm `norm` (Gemma 2/3's sandwich),
-        computed in the stream's dtype."""
+    def add(self, h: ir.Value, norm: Weight | None = None, norm_bias: Weight | None = None) -> None:
+        """Queues x + h, or x + norm(h) with a post-norm `norm` (Gemma 2/3's sandwich, OLMo 2's
+        post-norm), computed in the stream's dtype."""
         h = self._into_stream(h)
-        if norm is not None:
-            h = rms_norm(self.g, h, norm, self.eps, self.target, self.dtype)
-        self.branch = h
+        if norm is not None or norm_bias is not None:
+            h = self._norm(h, norm, norm_bias)
+        self.branch = h if self.branch is None else self.g.op.Add(self.branch, h)
+
+    def value(self) -> ir.Value:
+        """x itself in the IO dtype, pending branches added (for layers that read the residual
+        without a norm first, such as OLMo 2's post-norm layers)."""
+        if self.branch is not None:
+            self.x, self.branch = self.g.op.Add(self.x, self.branch), None
+        return self._out_of_stream(self.x)
