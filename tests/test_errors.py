@@ -131,7 +131,7 @@ def test_progress_off_a_terminal_is_plain_lines(tiny_llama, tmp_path):
 
 @pytest.mark.parametrize("change, message", [
     ({"rope_parameters": {"rope_type": "mrope", "rope_theta": 10000.0}}, "unsupported rope_type 'mrope'; supported: default,"),
-    ({"hidden_act": "relu2"}, "unsupported activation 'relu2'; supported: silu,"),
+    ({"hidden_act": "swish_glu"}, "unsupported activation 'swish_glu'; supported: silu,"),
 ])
 def test_unsupported_model_features(src, tmp_path, capsys, change, message):
     cfg = json.loads((src / "config.json").read_text())

@@ -10,7 +10,7 @@ from builder.blocks.attention import (
 from builder.blocks.embedding import embedding
 from builder.blocks.linear import QuantizedValues, linear, quantized_weight
 from builder.blocks.lm_head import lm_head, shared_vocabulary
-from builder.blocks.mlp import activation, gated_mlp
+from builder.blocks.mlp import activation, gated_mlp, plain_mlp
 from builder.blocks.norm import layer_norm, rms_norm, skip_layer_norm, skip_rms_norm
 from builder.blocks.residual import ResidualStream
 from builder.blocks.rope import (
@@ -36,6 +36,7 @@ __all__ = [
     "layer_norm",
     "lm_head",
     "longrope_tables",
+    "plain_mlp",
     "quantized_weight",
     "rms_norm",
     "rotary_tables",

@@ -44,6 +44,8 @@ class AttentionSpec:
         window: sliding-window length (Hugging Face's `sliding_window`), or None for global.
         softcap: tanh soft-capping of the attention logits (Gemma 2), 0 for none.
         norm_eps: epsilon of the q/k RMSNorm, when there is one.
+        rotary_interleaved: rotate pairs (x0, x1), (x2, x3), … (GLM, Cohere: rotate_every_two)
+            instead of Hugging Face's usual rotate_half halves.
     """
 
     num_heads: int
@@ -53,6 +55,7 @@ class AttentionSpec:
     window: int | None = None
     softcap: float = 0.0
     norm_eps: float = 1e-6
+    rotary_interleaved: bool = False
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,7 @@ def self_attention(
         # A window-sized ring buffer instead of a max-length cache for this layer's KV.
         sliding_window_cache=1 if spec.window and target.windowed_kv_cache else None,
         do_rotary=1 if rotary is not None else 0,
-        rotary_interleaved=0 if rotary is not None else None,  # Hugging Face's rotate_half layout
+        rotary_interleaved=int(spec.rotary_interleaved) if rotary is not None else None,
     )  # out: (B, S, num_heads * head_dim)
     with g.scope("o_proj"):
         out = linear(g, out, w.o, target, w.o_bias)

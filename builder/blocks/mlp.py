@@ -1,4 +1,5 @@
-"""The gated MLP of Llama-style decoders: down(act(gate(x)) · up(x))."""
+"""MLPs: the gated one of Llama-style decoders, down(act(gate(x)) · up(x)), and the plain
+two-matrix one of GPT-style decoders (Phi-2, Starcoder2, Nemotron), down(act(up(x)))."""
 
 from __future__ import annotations
 
@@ -10,15 +11,20 @@ from builder.graph import Graph
 from builder.lazy import Weight
 from builder.target import Target
 
-ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu")
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu_new", "gelu", "relu", "relu2")
 
 
 def activation(g: Graph, x: ir.Value, name: str) -> ir.Value:
     """Hugging Face's ACT2FN[name] as ONNX ops."""
     if name == "silu":
         return g.op.Mul(x, g.op.Sigmoid(x))
-    if name == "gelu_pytorch_tanh":
+    if name in ("gelu_pytorch_tanh", "gelu_new"):  # both the tanh approximation
         return g.op.Gelu(x, approximate="tanh")
+    if name == "relu":
+        return g.op.Relu(x)
+    if name == "relu2":  # ReLUSquaredActivation (Nemotron)
+        r = g.op.Relu(x)
+        return g.op.Mul(r, r)
     if name == "gelu":
         return g.op.Gelu(x)
     raise BuildError(f"unsupported activation {name!r}; supported: {', '.join(ACTIVATIONS)}")
@@ -39,3 +45,17 @@ def gated_mlp(
         h = g.op.Mul(activation(g, gate_out, act), up_out)
     with g.scope("down_proj"):
         return linear(g, h, down, target, down_b)
+
+
+def plain_mlp(
+    g: Graph, x: ir.Value, up: Weight, down: Weight, act: str, target: Target,
+    biases: tuple[Weight | None, Weight | None] = (None, None), names: tuple[str, str] = ("up_proj", "down_proj"),
+) -> ir.Value:
+    """down(act(up(x))) (+ biases), each projection float or quantized per `target`; `names` are the
+    checkpoint's module names for the two projections (`fc1`/`fc2`, `c_fc`/`c_proj`, …)."""
+    with g.scope(names[0]):
+        h = linear(g, x, up, target, biases[0])
+    with g.scope("act_fn"):
+        h = activation(g, h, act)
+    with g.scope(names[1]):
+        return linear(g, h, down, target, biases[1])
