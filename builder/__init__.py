@@ -18,10 +18,9 @@ from builder.graph import Graph
 from builder.io import DecoderIO
 from builder.lazy import Weight
 from builder.options import BuildOptions
-from builder.output import save
 from builder.target import Quantization, Target
-
-__version__ = "0.1.0"
+from builder.version import __version__
+from builder.writer import save
 
 
 def build(options: BuildOptions, progress: bool = True):

@@ -14,7 +14,6 @@ import json
 import os
 import struct
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 import ml_dtypes
@@ -22,7 +21,7 @@ import numpy as np
 
 from builder.errors import BuildError
 from builder.lazy import Weight
-from builder.mapping import mapped
+from builder.mapping import TensorInfo, mapped
 
 DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype(np.float64),
@@ -39,18 +38,6 @@ DTYPES: dict[str, np.dtype] = {
 
 INDEX_FILE = "model.safetensors.index.json"
 _MAX_HEADER_BYTES = 100 * 1024 * 1024
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    """Where one tensor's bytes live."""
-
-    name: str
-    dtype: np.dtype
-    shape: tuple[int, ...]
-    path: Path
-    offset: int  # absolute byte offset in `path`
-    nbytes: int
 
 
 def read_header(path: Path) -> dict[str, TensorInfo]:

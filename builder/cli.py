@@ -7,9 +7,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from builder import __version__, config_file
+from builder import config_file
 from builder.errors import BuildError
 from builder.options import fields
+from builder.version import __version__
 
 
 def _flag(name: str) -> str:

@@ -6,17 +6,28 @@ from __future__ import annotations
 import contextlib
 import mmap
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor's bytes live."""
+
+    name: str
+    dtype: np.dtype
+    shape: tuple[int, ...]
+    path: Path
+    offset: int  # absolute byte offset in `path`
+    nbytes: int
+
 
 try:  # numpy 2 moved it
     from numpy.lib.array_utils import byte_bounds as _byte_bounds
 except ImportError:  # numpy 1.x
     _byte_bounds = np.byte_bounds
-
-if TYPE_CHECKING:
-    from builder.checkpoint import TensorInfo
 
 
 class MappedArray(np.ndarray):

@@ -16,7 +16,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
 
 import architectures
-from builder import __version__, hub, record
+from builder import hub, record
 from builder.architecture import DecoderInfo, decoder_info
 from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
@@ -25,7 +25,6 @@ from builder.graph import Graph
 from builder.hf_config import read_json
 from builder.io import DecoderIO
 from builder.options import BuildOptions
-from builder.output import check_output, save_model, staged_folder
 from builder.preflight import (
     check_context_length,
     check_float_layers,
@@ -34,7 +33,10 @@ from builder.preflight import (
     warn_if_no_tokenizer,
 )
 from builder.record import hash_inputs
-from builder.report import Estimate, estimate, human
+from builder.report import Estimate, estimate
+from builder.units import human
+from builder.version import __version__
+from builder.writer import check_output, save_model, staged_folder
 
 log = logging.getLogger("builder")
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from builder.lazy import ROW_BLOCK_BYTES
-from builder.output import INLINE_BYTES, MAX_WORKERS
 from builder.quantize import ROW_CHUNK_ELEMENTS
+from builder.writer import INLINE_BYTES, MAX_WORKERS
 
 # Interpreter, numpy, onnx_ir and the recorded graph, measured on a tiny build (about 80 MB) plus margin.
 BASE_RSS = 128 * 2**20
@@ -52,11 +52,3 @@ def estimate(model: ir.Model, sources: dict[str, list[int]]) -> Estimate:
     peak = BASE_RSS + sum(per_tensor[:MAX_WORKERS]) + MAX_WORKERS * QUANTIZE_SCRATCH
     ops = collections.Counter(f"{n.domain + '::' if n.domain else ''}{n.op_type}" for n in model.graph.all_nodes())
     return Estimate(data, proto, peak, dict(sorted(ops.items())))
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1000
-    return f"{n:.1f} TB"

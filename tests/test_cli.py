@@ -8,7 +8,7 @@ import onnx
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from builder import output as save_module
+from builder import writer as save_module
 from builder.cli import main
 
 

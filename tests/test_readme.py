@@ -89,8 +89,8 @@ def test_save_describes_the_graph_as_the_pipeline_does(tmp_path, config_class, e
 
     from builder.genai_config import genai_config
     from builder.options import BuildOptions
-    from builder.output import crafted_info
     from builder.pipeline import plan
+    from builder.writer import crafted_info
 
     source = make_checkpoint(tmp_path / "ck", config_class, **{**TINY, **extra})
     options = BuildOptions(model=str(source), output=str(tmp_path / "out"), precision="int4",

@@ -54,7 +54,7 @@ class Progress:
         if fraction >= self.next_line or self.done == self.total:
             elapsed = time.perf_counter() - self.started
             eta = elapsed / fraction - elapsed if fraction else 0.0
-            from builder.report import human
+            from builder.units import human
 
             print(f"{self.what}: {fraction:4.0%} ({human(self.done)} of {human(self.total)}), "
                   f"{elapsed:.0f} s, ETA {eta:.0f} s", file=sys.stderr, flush=True)
@@ -204,10 +204,10 @@ def save(
         >>> from builder import save
         >>> save(model, "out/my-model", source="path/to/checkpoint")  # doctest: +SKIP
     """
-    from builder import __version__
     from builder.config_file import RECORD_KEY
     from builder.genai_config import genai_config, write_genai_files
     from builder.record import write
+    from builder.version import __version__
 
     folder = Path(folder)
     source = Path(source).expanduser() if source is not None else None

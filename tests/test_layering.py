@@ -1,0 +1,71 @@
+"""DESIGN.md's layering, checked on the source: no import circles among builder's and the
+architectures' modules (imports inside functions included), blocks never reach architectures or
+the pipeline, and only the optional verify step imports torch, transformers or onnxruntime."""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HEAVY = ("torch", "transformers", "onnxruntime")
+
+
+def modules() -> dict[str, set[str]]:
+    """module -> the project modules it imports (anywhere in its file)."""
+    files = {}
+    for package in ("builder", "architectures"):
+        for f in (ROOT / package).rglob("*.py"):
+            name = ".".join(f.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+            files[name] = f
+    graph = {}
+    for name, f in files.items():
+        deps = set()
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                deps |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files else node.module
+                         for a in node.names}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names}
+        graph[name] = deps - {name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, found = {}, {}, [], []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v] & graph.keys():
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            if component:
+                found.append(sorted([v, *component]))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles():
+    assert cycles(modules()) == []
+
+
+def test_blocks_never_reach_architectures_or_the_pipeline():
+    for name, deps in modules().items():
+        if name.startswith("builder.blocks"):
+            assert not {d for d in deps if d.startswith(("architectures", "builder.pipeline", "builder.cli"))}, name
+
+
+def test_heavy_imports_only_in_verify():
+    for name, deps in modules().items():
+        heavy = {d for d in deps if d.split(".")[0] in HEAVY}
+        assert not heavy or name == "builder.verify", f"{name} imports {heavy}"
