@@ -9,20 +9,9 @@ from typing import Any
 
 from builder.architecture import DecoderInfo
 from builder.hf_config import token_ids
+from builder.hub import TOKENIZER_FILES
 from builder.io import PAST_KEY, PAST_VALUE, PRESENT_KEY, PRESENT_VALUE
 from builder.target import Target
-
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "tokenizer.model",
-    "vocab.json",
-    "merges.txt",
-    "chat_template.jinja",
-    "chat_template.json",
-)
 
 # Sampling settings taken from generation_config.json when it sets them, else these.
 SEARCH_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0}

@@ -7,12 +7,9 @@ from pathlib import Path
 
 from builder.errors import BuildError
 
-# Only what a build reads: never pickled *.bin weights, never other formats' duplicates.
-ALLOW_PATTERNS = [
-    "config.json",
-    "generation_config.json",
-    "*.safetensors",
-    "model.safetensors.index.json",
+# The tokenizer files onnxruntime-genai (and transformers) may read beside a model: fetched from the
+# hub and copied into the output.
+TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
@@ -22,7 +19,10 @@ ALLOW_PATTERNS = [
     "merges.txt",
     "chat_template.jinja",
     "chat_template.json",
-]
+)
+# Only what a build reads: never pickled *.bin weights, never other formats' duplicates.
+ALLOW_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
+                  *TOKENIZER_FILES]
 
 
 def _looks_like_path(model: str) -> bool:

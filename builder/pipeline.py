@@ -20,9 +20,10 @@ from builder import hub, record
 from builder.architecture import DecoderInfo, decoder_info
 from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
-from builder.genai_config import TOKENIZER_FILES, genai_config, write_genai_files
+from builder.genai_config import genai_config, write_genai_files
 from builder.graph import Graph
 from builder.hf_config import read_json
+from builder.hub import TOKENIZER_FILES
 from builder.io import DecoderIO
 from builder.options import BuildOptions
 from builder.preflight import (
