@@ -34,39 +34,36 @@ def craft(source: Path, output: Path, activation: str = "gelu_pytorch_tanh", io_
     rope = blocks.Rope.from_parameters({"rope_theta": config.get("rope_theta", 10000.0)}, D, config["max_position_embeddings"])
     rotary = blocks.rotary_tables(g, rope, config["max_position_embeddings"], target)
     lengths = blocks.sequence_lengths(g, io.attention_mask)
-    with g.scope("model", "embed_tokens"):
-        x = blocks.embedding(g, io.input_ids, ckpt.weight("model.embed_tokens.weight"), target)
-
-    residual, branch, presents = x, None, []
+    tied = config.get("tie_word_embeddings", False)
+    embed = ckpt.weight("model.embed_tokens.weight")
+    vocab = blocks.Vocabulary.create(g, embed, embed if tied else ckpt.weight("lm_head.weight"), tied, target)
+    stream = blocks.ResidualStream(g, vocab.embed(g, io.input_ids), eps, target)
+    presents = []
     for i in range(layers):
         p = f"model.layers.{i}."
         with g.scope("model", f"layers.{i}"):
             with g.scope("input_layernorm"):
-                norm = ckpt.weight(p + "input_layernorm.weight")
-                if branch is None:
-                    h = blocks.rms_norm(g, x, norm, eps, target)
-                else:
-                    h, residual = blocks.skip_rms_norm(g, branch, residual, norm, eps, target)
+                h = stream.norm(ckpt.weight(p + "input_layernorm.weight"))
             weights = blocks.AttentionWeights(
                 q=ckpt.weight(p + "self_attn.q_proj.weight"), k=ckpt.weight(p + "self_attn.k_proj.weight"),
                 v=ckpt.weight(p + "self_attn.v_proj.weight"), o=ckpt.weight(p + "self_attn.o_proj.weight"),
             )
             with g.scope("self_attn"):
-                attn, pk, pv = blocks.self_attention(
+                h, pk, pv = blocks.self_attention(
                     g, h, io.past[i], lengths, rotary, weights, blocks.AttentionSpec(heads, kv_heads, D), target
                 )
             presents.append((pk, pv))
+            stream.add(h)
             with g.scope("post_attention_layernorm"):
-                h, residual = blocks.skip_rms_norm(g, attn, residual, ckpt.weight(p + "post_attention_layernorm.weight"), eps, target)
+                h = stream.norm(ckpt.weight(p + "post_attention_layernorm.weight"))
             with g.scope("mlp"):  # the one change: another activation in the gated MLP
-                branch = blocks.gated_mlp(
+                stream.add(blocks.gated_mlp(
                     g, h, ckpt.weight(p + "mlp.gate_proj.weight", (I, H)), ckpt.weight(p + "mlp.up_proj.weight", (I, H)),
                     ckpt.weight(p + "mlp.down_proj.weight", (H, I)), activation, target,
-                )
+                ))
     with g.scope("model", "norm"):
-        h, _ = blocks.skip_rms_norm(g, branch, residual, ckpt.weight("model.norm.weight"), eps, target)
-    head = ckpt.weight("model.embed_tokens.weight") if config.get("tie_word_embeddings") else ckpt.weight("lm_head.weight")
-    logits = blocks.lm_head(g, h, head, target)
+        h = stream.norm(ckpt.weight("model.norm.weight"))
+    logits = vocab.logits(g, h)
     ckpt.check_consumed()  # every tensor used: nothing silently dropped
     return save(g.model(io.inputs, io.outputs(logits, V, presents)), output, overwrite=True, source=source, target=target)
 
