@@ -19,6 +19,10 @@ ARCHITECTURES: dict[str, str] = {
     "Gemma3ForCausalLM": "gemma",
     "Gemma3ForConditionalGeneration": "gemma",
     "Phi3ForCausalLM": "phi3",
+    "CohereForCausalLM": "cohere",
+    "Cohere2ForCausalLM": "cohere",
+    "GlmForCausalLM": "glm",
+    "Glm4ForCausalLM": "glm",
 }
 
 

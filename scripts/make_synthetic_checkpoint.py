@@ -83,6 +83,33 @@ PHI_4_MINI = {
     "pad_token_id": 199999, "torch_dtype": "bfloat16",
 }
 
+AYA_23_8B = {
+    "architectures": ["CohereForCausalLM"], "model_type": "cohere", "vocab_size": 256000, "hidden_size": 4096,
+    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "hidden_act": "silu", "max_position_embeddings": 8192, "layer_norm_eps": 1e-5, "logit_scale": 0.0625,
+    "rope_theta": 10000, "use_qk_norm": False, "attention_bias": False, "tie_word_embeddings": True,
+    "bos_token_id": 5, "eos_token_id": 255001, "pad_token_id": 0, "torch_dtype": "bfloat16",
+}
+COMMAND_R7B = {
+    "architectures": ["Cohere2ForCausalLM"], "model_type": "cohere2", "vocab_size": 256000, "hidden_size": 4096,
+    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 132096, "layer_norm_eps": 1e-5,
+    "logit_scale": 0.25, "rope_theta": 50000, "rope_scaling": None, "sliding_window": 4096,
+    "sliding_window_pattern": 4, "attention_bias": False, "tie_word_embeddings": True, "bos_token_id": 5,
+    "eos_token_id": 255001, "pad_token_id": 0, "torch_dtype": "bfloat16",
+}
+GLM_4_9B_CHAT_HF = {
+    "architectures": ["GlmForCausalLM"], "model_type": "glm", "vocab_size": 151552, "hidden_size": 4096,
+    "intermediate_size": 13696, "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 2,
+    "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 131072, "rms_norm_eps": 1.5625e-07,
+    "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "attention_bias": True, "tie_word_embeddings": False,
+    "eos_token_id": [151329, 151336, 151338], "pad_token_id": 151329, "torch_dtype": "bfloat16",
+}
+GLM_4_9B_0414 = {
+    **GLM_4_9B_CHAT_HF, "architectures": ["Glm4ForCausalLM"], "model_type": "glm4", "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-5,
+}
+
 PRESETS: dict[str, dict] = {
     "Llama-3.2-1B": LLAMA_3_2_1B,
     "Llama-3.1-8B": LLAMA_3_1_8B,
@@ -90,6 +117,10 @@ PRESETS: dict[str, dict] = {
     "gemma-3-1b-it": GEMMA_3_1B_IT,
     "gemma-3-12b-it": GEMMA_3_12B_IT,
     "Phi-4-mini": PHI_4_MINI,
+    "aya-23-8B": AYA_23_8B,
+    "c4ai-command-r7b-12-2024": COMMAND_R7B,
+    "glm-4-9b-chat-hf": GLM_4_9B_CHAT_HF,
+    "GLM-4-9B-0414": GLM_4_9B_0414,
 }
 
 
@@ -193,9 +224,63 @@ def phi3_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
         yield "lm_head.weight", (V, H)
 
 
+def cohere_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Cohere and Cohere 2: one LayerNorm per layer (weight only), q/k/v/o biases with attention_bias,
+    Cohere's per-head q/k norms [heads, head_dim] with use_qk_norm."""
+    H, I, V = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    heads, kv_heads = c["num_attention_heads"], c["num_key_value_heads"]
+    D = c.get("head_dim") or H // heads
+    yield "model.embed_tokens.weight", (V, H)
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        yield p + "input_layernorm.weight", (H,)
+        for proj, rows in (("q_proj", heads * D), ("k_proj", kv_heads * D), ("v_proj", kv_heads * D)):
+            yield p + f"self_attn.{proj}.weight", (rows, H)
+            if c.get("attention_bias"):
+                yield p + f"self_attn.{proj}.bias", (rows,)
+        yield p + "self_attn.o_proj.weight", (H, heads * D)
+        if c.get("attention_bias"):
+            yield p + "self_attn.o_proj.bias", (H,)
+        if c.get("use_qk_norm"):
+            yield p + "self_attn.q_norm.weight", (heads, D)
+            yield p + "self_attn.k_norm.weight", (kv_heads, D)
+        yield p + "mlp.gate_proj.weight", (I, H)
+        yield p + "mlp.up_proj.weight", (I, H)
+        yield p + "mlp.down_proj.weight", (H, I)
+    yield "model.norm.weight", (H,)
+    if not c.get("tie_word_embeddings", True):
+        yield "lm_head.weight", (V, H)
+
+
+def glm_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """GLM-4 and GLM-4-0414: q/k/v biases, fused gate_up_proj; GLM-4-0414's two extra post-norms."""
+    H, I, V = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    D = c.get("head_dim") or H // c["num_attention_heads"]
+    q, kv = c["num_attention_heads"] * D, c["num_key_value_heads"] * D
+    yield "model.embed_tokens.weight", (V, H)
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        norms = ["input_layernorm", "post_attention_layernorm"]
+        if c["model_type"] == "glm4":
+            norms += ["post_self_attn_layernorm", "post_mlp_layernorm"]
+        for norm in norms:
+            yield p + f"{norm}.weight", (H,)
+        for proj, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+            yield p + f"self_attn.{proj}.weight", (rows, H)
+            if c.get("attention_bias", True):
+                yield p + f"self_attn.{proj}.bias", (rows,)
+        yield p + "self_attn.o_proj.weight", (H, q)
+        yield p + "mlp.gate_up_proj.weight", (2 * I, H)
+        yield p + "mlp.down_proj.weight", (H, I)
+    yield "model.norm.weight", (H,)
+    if not c.get("tie_word_embeddings"):
+        yield "lm_head.weight", (V, H)
+
+
 TENSORS = {
     "llama": llama_tensors, "mistral": llama_tensors, "qwen2": llama_tensors, "qwen3": llama_tensors,
     "gemma3_text": gemma3_text_tensors, "gemma3": gemma3_multimodal_tensors, "phi3": phi3_tensors,
+    "cohere": cohere_tensors, "cohere2": cohere_tensors, "glm": glm_tensors, "glm4": glm_tensors,
 }
 
 

@@ -1,7 +1,8 @@
 """Self-attention through ONNX Runtime's GroupQueryAttention, rotary embedding fused.
 
 Q, K and V come from one fused projection (the three weights concatenated lazily); the optional
-per-head q/k RMSNorm of Qwen3 and Gemma 3 runs between the projection and the attention op.
+per-head q/k RMSNorm of Qwen3 and Gemma 3 (or LayerNorm of Cohere) runs between the projection and
+the attention op.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 import onnx_ir as ir
 
 from builder.blocks.linear import linear
-from builder.blocks.norm import rms_norm
+from builder.blocks.norm import layer_norm, rms_norm
 from builder.graph import Graph
 from builder.lazy import Weight
 from builder.target import Target
@@ -43,9 +44,11 @@ class AttentionSpec:
         scale: multiplies Q·Kᵀ; None means 1/√head_dim.
         window: sliding-window length (Hugging Face's `sliding_window`), or None for global.
         softcap: tanh soft-capping of the attention logits (Gemma 2), 0 for none.
-        norm_eps: epsilon of the q/k RMSNorm, when there is one.
+        norm_eps: epsilon of the q/k norm, when there is one.
         rotary_interleaved: rotate pairs (x0, x1), (x2, x3), … (GLM, Cohere: rotate_every_two)
             instead of Hugging Face's usual rotate_half halves.
+        qk_layer_norm: the q/k norms are LayerNorms without bias (Cohere's use_qk_norm) instead of
+            RMSNorms; their weight is [head_dim], or [heads, head_dim] for one weight per head.
     """
 
     num_heads: int
@@ -56,6 +59,7 @@ class AttentionSpec:
     softcap: float = 0.0
     norm_eps: float = 1e-6
     rotary_interleaved: bool = False
+    qk_layer_norm: bool = False
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,19 @@ def _head_norm(g: Graph, x: ir.Value, weight: Weight, heads: int, spec: Attentio
     """RMSNorm over each head's vector: (B, S, H*D) -> (B, S, H, D) -> norm -> (B, S, H*D)."""
     x = g.op.Reshape(x, g.constant([0, 0, heads, spec.head_dim], "int64"))
     x = rms_norm(g, x, weight, spec.norm_eps, target)
+    return g.op.Reshape(x, g.constant([0, 0, heads * spec.head_dim], "int64"))
+
+
+def _head_layer_norm(g: Graph, x: ir.Value, weight: Weight, heads: int, spec: AttentionSpec,
+                     target: Target) -> ir.Value:
+    """LayerNorm over each head's vector, without bias, its weight shared ([D]) or per head
+    ([heads, D], CohereLayerNorm's): (B, S, H*D) -> (B, S, H, D) -> norm -> (B, S, H*D)."""
+    x = g.op.Reshape(x, g.constant([0, 0, heads, spec.head_dim], "int64"))
+    if weight.shape == (spec.head_dim,):
+        x = layer_norm(g, x, weight, None, spec.norm_eps, target)
+    else:  # LayerNormalization's scale spans the normalized axis only: the per-head weight multiplies after
+        x = layer_norm(g, x, None, None, spec.norm_eps, target, hidden=spec.head_dim)
+        x = g.op.Mul(x, g.weight("weight", weight.astype(target.io_dtype)))  # (B, S, H, D) · (H, D)
     return g.op.Reshape(x, g.constant([0, 0, heads * spec.head_dim], "int64"))
 
 
@@ -110,12 +127,13 @@ def self_attention(
 
     if w.q_norm is not None or w.k_norm is not None:
         q, k, v = g.op.Split(qkv, g.constant([q_dim, kv_dim, kv_dim], "int64"), axis=-1, _outputs=3)
+        head_norm = _head_layer_norm if spec.qk_layer_norm else _head_norm
         if w.q_norm is not None:
             with g.scope("q_norm"):
-                q = _head_norm(g, q, w.q_norm, spec.num_heads, spec, target)
+                q = head_norm(g, q, w.q_norm, spec.num_heads, spec, target)
         if w.k_norm is not None:
             with g.scope("k_norm"):
-                k = _head_norm(g, k, w.k_norm, spec.num_kv_heads, spec, target)
+                k = head_norm(g, k, w.k_norm, spec.num_kv_heads, spec, target)
     else:
         q, k, v = qkv, None, None  # packed QKV input
 
