@@ -20,6 +20,7 @@ ARCHITECTURES: dict[str, str] = {
     "Gemma3ForConditionalGeneration": "gemma",
     "Phi3ForCausalLM": "phi3",
     "PhiForCausalLM": "phi",
+    "StableLmForCausalLM": "stablelm",
 }
 
 
