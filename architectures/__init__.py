@@ -21,6 +21,7 @@ ARCHITECTURES: dict[str, str] = {
     "Phi3ForCausalLM": "phi3",
     "PhiForCausalLM": "phi",
     "StableLmForCausalLM": "stablelm",
+    "Starcoder2ForCausalLM": "starcoder2",
 }
 
 
