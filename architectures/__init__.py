@@ -22,6 +22,7 @@ ARCHITECTURES: dict[str, str] = {
     "PhiForCausalLM": "phi",
     "StableLmForCausalLM": "stablelm",
     "Starcoder2ForCausalLM": "starcoder2",
+    "NemotronForCausalLM": "nemotron",
 }
 
 
