@@ -23,6 +23,10 @@ ARCHITECTURES: dict[str, str] = {
     "Cohere2ForCausalLM": "cohere",
     "GlmForCausalLM": "glm",
     "Glm4ForCausalLM": "glm",
+    "PhiForCausalLM": "phi",
+    "StableLmForCausalLM": "stablelm",
+    "Starcoder2ForCausalLM": "starcoder2",
+    "NemotronForCausalLM": "nemotron",
 }
 
 

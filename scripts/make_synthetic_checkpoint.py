@@ -82,6 +82,35 @@ PHI_4_MINI = {
     "sliding_window": 262144, "tie_word_embeddings": True, "bos_token_id": 199999, "eos_token_id": 199999,
     "pad_token_id": 199999, "torch_dtype": "bfloat16",
 }
+PHI_2 = {
+    "architectures": ["PhiForCausalLM"], "model_type": "phi", "vocab_size": 51200, "hidden_size": 2560,
+    "intermediate_size": 10240, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+    "hidden_act": "gelu_new", "max_position_embeddings": 2048, "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.4,
+    "qk_layernorm": False, "rope_scaling": None, "rope_theta": 10000.0, "tie_word_embeddings": False,
+    "resid_pdrop": 0.1, "embd_pdrop": 0.0, "attention_dropout": 0.0, "bos_token_id": 50256, "eos_token_id": 50256,
+    "torch_dtype": "float16",
+}
+STABLELM_2_1_6B = {
+    "architectures": ["StableLmForCausalLM"], "model_type": "stablelm", "vocab_size": 100352, "hidden_size": 2048,
+    "intermediate_size": 5632, "num_hidden_layers": 24, "num_attention_heads": 32, "num_key_value_heads": 32,
+    "hidden_act": "silu", "max_position_embeddings": 4096, "layer_norm_eps": 1e-5, "partial_rotary_factor": 0.25,
+    "rope_theta": 10000, "use_qkv_bias": True, "qk_layernorm": False, "use_parallel_residual": False,
+    "tie_word_embeddings": False, "bos_token_id": 100257, "eos_token_id": 100257, "torch_dtype": "bfloat16",
+}
+STARCODER2_3B = {
+    "architectures": ["Starcoder2ForCausalLM"], "model_type": "starcoder2", "vocab_size": 49152, "hidden_size": 3072,
+    "intermediate_size": 12288, "num_hidden_layers": 30, "num_attention_heads": 24, "num_key_value_heads": 2,
+    "hidden_act": "gelu_pytorch_tanh", "max_position_embeddings": 16384, "norm_epsilon": 1e-5, "norm_type": "layer_norm",
+    "rope_theta": 999999.4420358813, "sliding_window": 4096, "use_bias": True, "attention_dropout": 0.1,
+    "residual_dropout": 0.1, "embedding_dropout": 0.1, "bos_token_id": 0, "eos_token_id": 0, "torch_dtype": "float32",
+}
+NEMOTRON_MINI_4B = {
+    "architectures": ["NemotronForCausalLM"], "model_type": "nemotron", "vocab_size": 256000, "hidden_size": 3072,
+    "intermediate_size": 9216, "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8,
+    "head_dim": 128, "hidden_act": "relu2", "max_position_embeddings": 4096, "norm_eps": 1e-5,
+    "partial_rotary_factor": 0.5, "rope_theta": 10000, "tie_word_embeddings": False, "bos_token_id": 2,
+    "eos_token_id": 3, "torch_dtype": "bfloat16",
+}
 
 AYA_23_8B = {
     "architectures": ["CohereForCausalLM"], "model_type": "cohere", "vocab_size": 256000, "hidden_size": 4096,
@@ -121,6 +150,10 @@ PRESETS: dict[str, dict] = {
     "c4ai-command-r7b-12-2024": COMMAND_R7B,
     "glm-4-9b-chat-hf": GLM_4_9B_CHAT_HF,
     "GLM-4-9B-0414": GLM_4_9B_0414,
+    "phi-2": PHI_2,
+    "stablelm-2-1_6b": STABLELM_2_1_6B,
+    "starcoder2-3b": STARCODER2_3B,
+    "Nemotron-Mini-4B-Instruct": NEMOTRON_MINI_4B,
 }
 
 
@@ -277,10 +310,56 @@ def glm_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
         yield "lm_head.weight", (V, H)
 
 
+def gptstyle_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Phi (1.5/2), StableLM, StarCoder2 and Nemotron: LayerNorms with bias, their own module names."""
+    kind = c["model_type"]
+    H, I, V = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    D = c.get("head_dim") or H // c["num_attention_heads"]
+    q, kv = c["num_attention_heads"] * D, c["num_key_value_heads"] * D
+    qkv_bias = {"phi": True, "stablelm": c.get("use_qkv_bias"), "starcoder2": c.get("use_bias", True),
+                "nemotron": c.get("attention_bias")}[kind]
+    o_name, o_bias = ("dense", True) if kind == "phi" else ("o_proj", qkv_bias and kind != "stablelm")
+    mlp = {"phi": ("fc1", "fc2", True), "starcoder2": ("c_fc", "c_proj", c.get("use_bias", True)),
+           "nemotron": ("up_proj", "down_proj", c.get("mlp_bias"))}.get(kind)
+    norms = ["input_layernorm"] if kind == "phi" or c.get("use_parallel_residual") else [
+        "input_layernorm", "post_attention_layernorm"]
+    yield "model.embed_tokens.weight", (V, H)
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        for norm in norms:
+            yield p + f"{norm}.weight", (H,)
+            yield p + f"{norm}.bias", (H,)
+        for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+            yield p + f"self_attn.{name}.weight", (rows, H)
+            if qkv_bias:
+                yield p + f"self_attn.{name}.bias", (rows,)
+        yield p + f"self_attn.{o_name}.weight", (H, q)
+        if o_bias:
+            yield p + f"self_attn.{o_name}.bias", (H,)
+        if mlp is None:  # StableLM: Llama's gated MLP
+            yield p + "mlp.gate_proj.weight", (I, H)
+            yield p + "mlp.up_proj.weight", (I, H)
+            yield p + "mlp.down_proj.weight", (H, I)
+        else:
+            yield p + f"mlp.{mlp[0]}.weight", (I, H)
+            yield p + f"mlp.{mlp[1]}.weight", (H, I)
+            if mlp[2]:
+                yield p + f"mlp.{mlp[0]}.bias", (I,)
+                yield p + f"mlp.{mlp[1]}.bias", (H,)
+    final = "model.final_layernorm" if kind == "phi" else "model.norm"
+    yield f"{final}.weight", (H,)
+    yield f"{final}.bias", (H,)
+    if not c.get("tie_word_embeddings", kind == "starcoder2"):
+        yield "lm_head.weight", (V, H)
+    if kind == "phi":
+        yield "lm_head.bias", (V,)
+
+
 TENSORS = {
     "llama": llama_tensors, "mistral": llama_tensors, "qwen2": llama_tensors, "qwen3": llama_tensors,
     "gemma3_text": gemma3_text_tensors, "gemma3": gemma3_multimodal_tensors, "phi3": phi3_tensors,
     "cohere": cohere_tensors, "cohere2": cohere_tensors, "glm": glm_tensors, "glm4": glm_tensors,
+    "phi": gptstyle_tensors, "stablelm": gptstyle_tensors, "starcoder2": gptstyle_tensors, "nemotron": gptstyle_tensors,
 }
 
 

@@ -25,7 +25,7 @@ from test_genai import assert_same_greedy
 import architectures.cohere
 import architectures.glm
 from builder.blocks import AttentionSpec
-from builder.blocks.attention import _head_layer_norm
+from builder.blocks.attention import _head_norm
 from builder.graph import Graph
 from builder.lazy import Weight
 from builder.target import Target
@@ -90,7 +90,7 @@ def test_head_layer_norm_matches_numpy(per_head):
     g = Graph()
     inp = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(x.shape))
     spec = AttentionSpec(heads, heads, D, norm_eps=eps, qk_layer_norm=True)
-    out = _head_layer_norm(g, inp, Weight.constant(w), heads, spec, Target(io_dtype=np.dtype(np.float32)))
+    out = _head_norm(g, inp, Weight.constant(w), heads, spec, Target(io_dtype=np.dtype(np.float32)))
     out.name = "out"
     proto = ir.serde.serialize_model(g.model([inp], [out]))
     got = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]

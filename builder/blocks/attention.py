@@ -1,8 +1,8 @@
 """Self-attention through ONNX Runtime's GroupQueryAttention, rotary embedding fused.
 
 Q, K and V come from one fused projection (the three weights concatenated lazily); the optional
-per-head q/k RMSNorm of Qwen3 and Gemma 3 (or LayerNorm of Cohere) runs between the projection and
-the attention op.
+per-head q/k RMSNorm of Qwen3 and Gemma 3 (or LayerNorm of Phi, StableLM and Cohere) runs between
+the projection and the attention op.
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ from builder.target import Target
 @dataclass(frozen=True)
 class AttentionWeights:
     """Projection weights in Hugging Face's [out, in] layout; biases and q/k norms optional.
-    A checkpoint that stores Q, K and V fused (Phi-3's qkv_proj) passes `qkv` instead of q, k, v."""
+    A checkpoint that stores Q, K and V fused (Phi-3's qkv_proj) passes `qkv` instead of q, k, v.
+    A q/k norm weight is [head_dim], shared by the heads, or [heads, head_dim], one norm per head
+    (StableLM's LayerNormPerHead); its bias (LayerNorm only) has the same shape."""
 
     o: Weight
     q: Weight | None = None
@@ -34,6 +36,8 @@ class AttentionWeights:
     o_bias: Weight | None = None
     q_norm: Weight | None = None
     k_norm: Weight | None = None
+    q_norm_bias: Weight | None = None
+    k_norm_bias: Weight | None = None
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ class AttentionSpec:
         norm_eps: epsilon of the q/k norm, when there is one.
         rotary_interleaved: rotate pairs (x0, x1), (x2, x3), … (GLM, Cohere: rotate_every_two)
             instead of Hugging Face's usual rotate_half halves.
-        qk_layer_norm: the q/k norms are LayerNorms without bias (Cohere's use_qk_norm) instead of
+        qk_layer_norm: the q/k norms are LayerNorms (Phi, StableLM, Cohere's use_qk_norm) instead of
             RMSNorms; their weight is [head_dim], or [heads, head_dim] for one weight per head.
     """
 
@@ -80,24 +84,28 @@ def sequence_lengths(g: Graph, attention_mask: ir.Value) -> SequenceLengths:
     return SequenceLengths(seqlens_k, total)
 
 
-def _head_norm(g: Graph, x: ir.Value, weight: Weight, heads: int, spec: AttentionSpec, target: Target) -> ir.Value:
-    """RMSNorm over each head's vector: (B, S, H*D) -> (B, S, H, D) -> norm -> (B, S, H*D)."""
+def _head_norm(g: Graph, x: ir.Value, weight: Weight, heads: int, spec: AttentionSpec, target: Target,
+               bias: Weight | None = None) -> ir.Value:
+    """RMSNorm (or LayerNorm) over each head's vector: (B, S, H*D) -> (B, S, H, D) -> norm -> (B, S, H*D)."""
     x = g.op.Reshape(x, g.constant([0, 0, heads, spec.head_dim], "int64"))
-    x = rms_norm(g, x, weight, spec.norm_eps, target)
+    if spec.qk_layer_norm:
+        x = _head_layer_norm(g, x, weight, bias, spec, target)
+    else:
+        x = rms_norm(g, x, weight, spec.norm_eps, target)
     return g.op.Reshape(x, g.constant([0, 0, heads * spec.head_dim], "int64"))
 
 
-def _head_layer_norm(g: Graph, x: ir.Value, weight: Weight, heads: int, spec: AttentionSpec,
+def _head_layer_norm(g: Graph, x: ir.Value, weight: Weight, bias: Weight | None, spec: AttentionSpec,
                      target: Target) -> ir.Value:
-    """LayerNorm over each head's vector, without bias, its weight shared ([D]) or per head
-    ([heads, D], CohereLayerNorm's): (B, S, H*D) -> (B, S, H, D) -> norm -> (B, S, H*D)."""
-    x = g.op.Reshape(x, g.constant([0, 0, heads, spec.head_dim], "int64"))
-    if weight.shape == (spec.head_dim,):
-        x = layer_norm(g, x, weight, None, spec.norm_eps, target)
-    else:  # LayerNormalization's scale spans the normalized axis only: the per-head weight multiplies after
-        x = layer_norm(g, x, None, None, spec.norm_eps, target, hidden=spec.head_dim)
-        x = g.op.Mul(x, g.weight("weight", weight.astype(target.io_dtype)))  # (B, S, H, D) · (H, D)
-    return g.op.Reshape(x, g.constant([0, 0, heads * spec.head_dim], "int64"))
+    """LayerNorm over the last axis of (B, S, H, D). A [H, D] weight (one norm per head, StableLM)
+    scales after a plain LayerNorm, since LayerNormalization's scale has the normalized shape (D)."""
+    if len(weight.shape) == 1:
+        return layer_norm(g, x, weight, bias, spec.norm_eps, target)
+    x = layer_norm(g, x, None, None, spec.norm_eps, target, hidden=spec.head_dim)
+    x = g.op.Mul(x, g.weight("weight", weight.astype(target.io_dtype)))  # (B, S, H, D) · (H, D)
+    if bias is not None:
+        x = g.op.Add(x, g.weight("bias", bias.astype(target.io_dtype)))
+    return x
 
 
 def self_attention(
@@ -127,13 +135,12 @@ def self_attention(
 
     if w.q_norm is not None or w.k_norm is not None:
         q, k, v = g.op.Split(qkv, g.constant([q_dim, kv_dim, kv_dim], "int64"), axis=-1, _outputs=3)
-        head_norm = _head_layer_norm if spec.qk_layer_norm else _head_norm
         if w.q_norm is not None:
             with g.scope("q_norm"):
-                q = head_norm(g, q, w.q_norm, spec.num_heads, spec, target)
+                q = _head_norm(g, q, w.q_norm, spec.num_heads, spec, target, w.q_norm_bias)
         if w.k_norm is not None:
             with g.scope("k_norm"):
-                k = head_norm(g, k, w.k_norm, spec.num_kv_heads, spec, target)
+                k = _head_norm(g, k, w.k_norm, spec.num_kv_heads, spec, target, w.k_norm_bias)
     else:
         q, k, v = qkv, None, None  # packed QKV input
 

@@ -33,15 +33,18 @@ def shared_vocabulary(g: Graph, weight: Weight, target: Target) -> Shared | None
 
 def lm_head(
     g: Graph, x: ir.Value, weight: Weight, target: Target,
-    softcap: float | None = None, shared: Shared | None = None,
+    softcap: float | None = None, shared: Shared | None = None, bias: Weight | None = None,
 ) -> ir.Value:
-    """logits = x · Wᵀ, optionally soft-capped (softcap · tanh(logits / softcap)), in the logits dtype.
-    `shared` is what shared_vocabulary registered for tied embeddings."""
+    """logits = x · Wᵀ (+ bias: Phi-2's lm_head has one), optionally soft-capped
+    (softcap · tanh(logits / softcap)), in the logits dtype. `shared` is what shared_vocabulary
+    registered for tied embeddings."""
     with g.scope("lm_head"):
         if isinstance(shared, ir.Value):
             logits = g.ms.FusedMatMul(x, shared, transB=1)  # (B, S, H) · (V, H)ᵀ
+            if bias is not None:
+                logits = g.op.Add(logits, g.weight("bias", bias.astype(target.io_dtype)))
         else:
-            logits = linear(g, x, weight, target, quantized=shared)
+            logits = linear(g, x, weight, target, bias, quantized=shared)
         out_dtype = logits_dtype(target.io_dtype)
         if out_dtype != target.io_dtype:
             logits = g.op.Cast(logits, to=ir.DataType.from_numpy(out_dtype))

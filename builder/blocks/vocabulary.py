@@ -44,6 +44,6 @@ class Vocabulary:
         with g.scope("model", "embed_tokens"):
             return embedding(g, input_ids, self.embedding, self.target, scale=scale, shared=self.shared)
 
-    def logits(self, g: Graph, h: ir.Value, softcap: float | None = None) -> ir.Value:
-        """lm_head(h) in the logits dtype, soft-capped when `softcap` is set (Gemma 2)."""
-        return lm_head(g, h, self.head, self.target, softcap=softcap, shared=self.shared)
+    def logits(self, g: Graph, h: ir.Value, softcap: float | None = None, bias: Weight | None = None) -> ir.Value:
+        """lm_head(h) (+ `bias`, Phi-2's) in the logits dtype, soft-capped when `softcap` is set (Gemma 2)."""
+        return lm_head(g, h, self.head, self.target, softcap=softcap, shared=self.shared, bias=bias)
