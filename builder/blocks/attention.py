@@ -46,6 +46,9 @@ class AttentionSpec:
         norm_eps: epsilon of the q/k RMSNorm, when there is one.
         rotary_interleaved: rotate pairs (x0, x1), (x2, x3), … (GLM, Cohere: rotate_every_two)
             instead of Hugging Face's usual rotate_half halves.
+        qk_norm_whole: the q/k RMSNorm spans the whole projection, all heads at once (OLMo 2/3),
+            instead of each head's vector.
+        clip_qkv: clamps the q, k and v projections to [-clip_qkv, clip_qkv] (OLMo), None for none.
     """
 
     num_heads: int
@@ -56,6 +59,8 @@ class AttentionSpec:
     softcap: float = 0.0
     norm_eps: float = 1e-6
     rotary_interleaved: bool = False
+    qk_norm_whole: bool = False
+    clip_qkv: float | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,8 @@ def sequence_lengths(g: Graph, attention_mask: ir.Value) -> SequenceLengths:
 
 def _head_norm(g: Graph, x: ir.Value, weight: Weight, heads: int, spec: AttentionSpec, target: Target) -> ir.Value:
     """RMSNorm over each head's vector: (B, S, H*D) -> (B, S, H, D) -> norm -> (B, S, H*D)."""
+    if spec.qk_norm_whole:  # OLMo 2/3: one RMSNorm over the whole (B, S, H*D) projection
+        return rms_norm(g, x, weight, spec.norm_eps, target)
     x = g.op.Reshape(x, g.constant([0, 0, heads, spec.head_dim], "int64"))
     x = rms_norm(g, x, weight, spec.norm_eps, target)
     return g.op.Reshape(x, g.constant([0, 0, heads * spec.head_dim], "int64"))
@@ -107,6 +114,8 @@ def self_attention(
         raise ValueError(f"fused QKV weight has {fused.shape[0]} rows, expected {q_dim + 2 * kv_dim}")
     with g.scope("qkv_proj"):
         qkv = linear(g, x, fused, target, bias)  # (B, S, q_dim + 2·kv_dim)
+    if spec.clip_qkv is not None:
+        qkv = g.op.Clip(qkv, g.constant(-spec.clip_qkv, target.io_dtype), g.constant(spec.clip_qkv, target.io_dtype))
 
     if w.q_norm is not None or w.k_norm is not None:
         q, k, v = g.op.Split(qkv, g.constant([q_dim, kv_dim, kv_dim], "int64"), axis=-1, _outputs=3)
