@@ -19,6 +19,10 @@ ARCHITECTURES: dict[str, str] = {
     "Gemma3ForCausalLM": "gemma",
     "Gemma3ForConditionalGeneration": "gemma",
     "Phi3ForCausalLM": "phi3",
+    "OlmoForCausalLM": "olmo",
+    "Olmo2ForCausalLM": "olmo",
+    "Olmo3ForCausalLM": "olmo",
+    "Exaone4ForCausalLM": "exaone4",
 }
 
 
