@@ -27,6 +27,10 @@ ARCHITECTURES: dict[str, str] = {
     "StableLmForCausalLM": "stablelm",
     "Starcoder2ForCausalLM": "starcoder2",
     "NemotronForCausalLM": "nemotron",
+    "OlmoForCausalLM": "olmo",
+    "Olmo2ForCausalLM": "olmo",
+    "Olmo3ForCausalLM": "olmo",
+    "Exaone4ForCausalLM": "exaone4",
 }
 
 

@@ -139,6 +139,36 @@ GLM_4_9B_0414 = {
     "rms_norm_eps": 1e-5,
 }
 
+OLMO_1B = {
+    "architectures": ["OlmoForCausalLM"], "model_type": "olmo", "vocab_size": 50304, "hidden_size": 2048,
+    "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 16,
+    "hidden_act": "silu", "max_position_embeddings": 2048, "rope_theta": 10000.0, "attention_bias": False,
+    "clip_qkv": None, "tie_word_embeddings": True, "pad_token_id": 1, "eos_token_id": 50279, "torch_dtype": "bfloat16",
+}
+OLMO_2_1B = {
+    "architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "vocab_size": 100352, "hidden_size": 2048,
+    "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 16,
+    "hidden_act": "silu", "max_position_embeddings": 4096, "rope_theta": 500000, "rms_norm_eps": 1e-6,
+    "attention_bias": False, "tie_word_embeddings": False, "pad_token_id": 100277, "eos_token_id": 100257,
+    "torch_dtype": "bfloat16",
+}
+OLMO_3_7B = {
+    **OLMO_2_1B, "architectures": ["Olmo3ForCausalLM"], "model_type": "olmo3", "vocab_size": 100278,
+    "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 32, "max_position_embeddings": 65536, "sliding_window": 4096,
+    "rope_scaling": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8192,
+                     "attention_factor": 1.2079441541679836, "beta_fast": 32, "beta_slow": 1},
+}
+EXAONE_4_32B = {
+    "architectures": ["Exaone4ForCausalLM"], "model_type": "exaone4", "vocab_size": 102400, "hidden_size": 5120,
+    "intermediate_size": 27392, "num_hidden_layers": 64, "num_attention_heads": 40, "num_key_value_heads": 8,
+    "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+    "rope_theta": 1000000, "rope_scaling": {"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}, "sliding_window": 4096,
+    "sliding_window_pattern": 4, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 361,
+    "pad_token_id": 0, "torch_dtype": "bfloat16",
+}
+
 PRESETS: dict[str, dict] = {
     "Llama-3.2-1B": LLAMA_3_2_1B,
     "Llama-3.1-8B": LLAMA_3_1_8B,
@@ -154,6 +184,10 @@ PRESETS: dict[str, dict] = {
     "stablelm-2-1_6b": STABLELM_2_1_6B,
     "starcoder2-3b": STARCODER2_3B,
     "Nemotron-Mini-4B-Instruct": NEMOTRON_MINI_4B,
+    "OLMo-1B-hf": OLMO_1B,
+    "OLMo-2-0425-1B": OLMO_2_1B,
+    "Olmo-3-7B": OLMO_3_7B,
+    "EXAONE-4.0-32B": EXAONE_4_32B,
 }
 
 
@@ -310,6 +344,37 @@ def glm_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
         yield "lm_head.weight", (V, H)
 
 
+def olmo_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """OLMo (no norm weights at all), OLMo 2/3 and EXAONE 4 (post-norms and q/k norms: over the
+    whole projection in OLMo 2/3, per head in EXAONE 4)."""
+    H, I, V = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
+    D = c.get("head_dim") or H // c["num_attention_heads"]
+    q, kv = c["num_attention_heads"] * D, c.get("num_key_value_heads", c["num_attention_heads"]) * D
+    post_norms, per_head = c["model_type"] != "olmo", c["model_type"] == "exaone4"
+    yield "model.embed_tokens.weight", (V, H)
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        for proj, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+            yield p + f"self_attn.{proj}.weight", (rows, H)
+            if c.get("attention_bias"):
+                yield p + f"self_attn.{proj}.bias", (rows,)
+        yield p + "self_attn.o_proj.weight", (H, q)
+        if c.get("attention_bias"):
+            yield p + "self_attn.o_proj.bias", (H,)
+        if post_norms:
+            yield p + "self_attn.q_norm.weight", (D if per_head else q,)
+            yield p + "self_attn.k_norm.weight", (D if per_head else kv,)
+            yield p + "post_attention_layernorm.weight", (H,)
+            yield p + "post_feedforward_layernorm.weight", (H,)
+        yield p + "mlp.gate_proj.weight", (I, H)
+        yield p + "mlp.up_proj.weight", (I, H)
+        yield p + "mlp.down_proj.weight", (H, I)
+    if post_norms:
+        yield "model.norm.weight", (H,)
+    if not c.get("tie_word_embeddings"):
+        yield "lm_head.weight", (V, H)
+
+
 def gptstyle_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     """Phi (1.5/2), StableLM, StarCoder2 and Nemotron: LayerNorms with bias, their own module names."""
     kind = c["model_type"]
@@ -360,6 +425,7 @@ TENSORS = {
     "gemma3_text": gemma3_text_tensors, "gemma3": gemma3_multimodal_tensors, "phi3": phi3_tensors,
     "cohere": cohere_tensors, "cohere2": cohere_tensors, "glm": glm_tensors, "glm4": glm_tensors,
     "phi": gptstyle_tensors, "stablelm": gptstyle_tensors, "starcoder2": gptstyle_tensors, "nemotron": gptstyle_tensors,
+    "olmo": olmo_tensors, "olmo2": olmo_tensors, "olmo3": olmo_tensors, "exaone4": olmo_tensors,
 }
 
 

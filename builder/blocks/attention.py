@@ -53,6 +53,9 @@ class AttentionSpec:
             instead of Hugging Face's usual rotate_half halves.
         qk_layer_norm: the q/k norms are LayerNorms (Phi, StableLM, Cohere's use_qk_norm) instead of
             RMSNorms; their weight is [head_dim], or [heads, head_dim] for one weight per head.
+        qk_norm_whole: the q/k RMSNorm spans the whole projection, all heads at once (OLMo 2/3),
+            instead of each head's vector.
+        clip_qkv: clamps the q, k and v projections to [-clip_qkv, clip_qkv] (OLMo), None for none.
     """
 
     num_heads: int
@@ -64,6 +67,8 @@ class AttentionSpec:
     norm_eps: float = 1e-6
     rotary_interleaved: bool = False
     qk_layer_norm: bool = False
+    qk_norm_whole: bool = False
+    clip_qkv: float | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,8 @@ def sequence_lengths(g: Graph, attention_mask: ir.Value) -> SequenceLengths:
 def _head_norm(g: Graph, x: ir.Value, weight: Weight, heads: int, spec: AttentionSpec, target: Target,
                bias: Weight | None = None) -> ir.Value:
     """RMSNorm (or LayerNorm) over each head's vector: (B, S, H*D) -> (B, S, H, D) -> norm -> (B, S, H*D)."""
+    if spec.qk_norm_whole:  # OLMo 2/3: one RMSNorm over the whole (B, S, H*D) projection
+        return rms_norm(g, x, weight, spec.norm_eps, target)
     x = g.op.Reshape(x, g.constant([0, 0, heads, spec.head_dim], "int64"))
     if spec.qk_layer_norm:
         x = _head_layer_norm(g, x, weight, bias, spec, target)
@@ -132,6 +139,8 @@ def self_attention(
         raise ValueError(f"fused QKV weight has {fused.shape[0]} rows, expected {q_dim + 2 * kv_dim}")
     with g.scope("qkv_proj"):
         qkv = linear(g, x, fused, target, bias)  # (B, S, q_dim + 2·kv_dim)
+    if spec.clip_qkv is not None:
+        qkv = g.op.Clip(qkv, g.constant(-spec.clip_qkv, target.io_dtype), g.constant(spec.clip_qkv, target.io_dtype))
 
     if w.q_norm is not None or w.k_norm is not None:
         q, k, v = g.op.Split(qkv, g.constant([q_dim, kv_dim, kv_dim], "int64"), axis=-1, _outputs=3)

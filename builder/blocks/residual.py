@@ -32,11 +32,13 @@ class ResidualStream:
     outgrows it: Gemma's residual reaches about 1e5 on real weights, past fp16's 65504, so its fp16
     builds keep the stream in float32 (as ONNX Runtime's own builder does) and cast only each
     norm's output to fp16 for the projections.
+    `hidden_size` is the stream's width, needed only by LayerNorms without weight or bias (OLMo's).
     """
 
     def __init__(self, g: Graph, x: ir.Value, eps: float, target: Target, dtype: np.dtype | None = None,
-                 layer_norm: bool = False):
+                 layer_norm: bool = False, hidden_size: int | None = None):
         self.g, self.eps, self.target, self.layer_norm = g, eps, target, layer_norm
+        self.hidden_size = hidden_size
         self.dtype = np.dtype(dtype or target.io_dtype)
         self.x, self.branch = self._into_stream(x), None
 
@@ -52,7 +54,7 @@ class ResidualStream:
 
     def _norm(self, x: ir.Value, weight: Weight | None, bias: Weight | None) -> ir.Value:
         if self.layer_norm:
-            return layer_norm(self.g, x, weight, bias, self.eps, self.target, self.dtype)
+            return layer_norm(self.g, x, weight, bias, self.eps, self.target, self.dtype, self.hidden_size)
         return rms_norm(self.g, x, weight, self.eps, self.target, self.dtype)
 
     def norm(self, weight: Weight | None, bias: Weight | None = None) -> ir.Value:
@@ -60,7 +62,8 @@ class ResidualStream:
         if self.branch is None:
             h = self._norm(self.x, weight, bias)
         elif self.layer_norm:
-            h, self.x = skip_layer_norm(self.g, self.branch, self.x, weight, bias, self.eps, self.target, self.dtype)
+            h, self.x = skip_layer_norm(self.g, self.branch, self.x, weight, bias, self.eps, self.target, self.dtype,
+                                        self.hidden_size)
         else:
             h, self.x = skip_rms_norm(self.g, self.branch, self.x, weight, self.eps, self.target, self.dtype)
         self.branch = None
