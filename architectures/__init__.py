@@ -19,6 +19,7 @@ ARCHITECTURES: dict[str, str] = {
     "Gemma3ForCausalLM": "gemma",
     "Gemma3ForConditionalGeneration": "gemma",
     "Phi3ForCausalLM": "phi3",
+    "HunYuanDenseV1ForCausalLM": "hunyuan",
 }
 
 
