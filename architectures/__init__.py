@@ -31,6 +31,7 @@ ARCHITECTURES: dict[str, str] = {
     "Olmo2ForCausalLM": "olmo",
     "Olmo3ForCausalLM": "olmo",
     "Exaone4ForCausalLM": "exaone4",
+    "HunYuanDenseV1ForCausalLM": "hunyuan",
 }
 
 

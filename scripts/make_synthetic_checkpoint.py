@@ -169,6 +169,17 @@ EXAONE_4_32B = {
     "pad_token_id": 0, "torch_dtype": "bfloat16",
 }
 
+HUNYUAN_7B_INSTRUCT = {
+    "architectures": ["HunYuanDenseV1ForCausalLM"], "model_type": "hunyuan_v1_dense", "vocab_size": 128167,
+    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 262144,
+    "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "rope_scaling": {"alpha": 1000.0, "beta_fast": 32, "beta_slow": 1, "factor": 1.0, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "type": "dynamic"},
+    "attention_bias": False, "mlp_bias": False, "use_qk_norm": True, "use_cla": False, "tie_word_embeddings": True,
+    "bos_token_id": 127958, "eos_token_id": 127960, "pad_token_id": 127961, "torch_dtype": "bfloat16",
+}
+
 PRESETS: dict[str, dict] = {
     "Llama-3.2-1B": LLAMA_3_2_1B,
     "Llama-3.1-8B": LLAMA_3_1_8B,
@@ -188,6 +199,7 @@ PRESETS: dict[str, dict] = {
     "OLMo-2-0425-1B": OLMO_2_1B,
     "Olmo-3-7B": OLMO_3_7B,
     "EXAONE-4.0-32B": EXAONE_4_32B,
+    "Hunyuan-7B-Instruct": HUNYUAN_7B_INSTRUCT,
 }
 
 
@@ -420,12 +432,22 @@ def gptstyle_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
         yield "lm_head.bias", (V,)
 
 
+def hunyuan_dense_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """HunYuan dense: Llama's names, plus the per-head query_layernorm and key_layernorm."""
+    D = c["head_dim"]
+    for name, shape in llama_tensors(c):
+        yield name, shape
+        if name.endswith("self_attn.o_proj.weight"):
+            yield name.replace("o_proj", "query_layernorm"), (D,)
+            yield name.replace("o_proj", "key_layernorm"), (D,)
+
 TENSORS = {
     "llama": llama_tensors, "mistral": llama_tensors, "qwen2": llama_tensors, "qwen3": llama_tensors,
     "gemma3_text": gemma3_text_tensors, "gemma3": gemma3_multimodal_tensors, "phi3": phi3_tensors,
     "cohere": cohere_tensors, "cohere2": cohere_tensors, "glm": glm_tensors, "glm4": glm_tensors,
     "phi": gptstyle_tensors, "stablelm": gptstyle_tensors, "starcoder2": gptstyle_tensors, "nemotron": gptstyle_tensors,
     "olmo": olmo_tensors, "olmo2": olmo_tensors, "olmo3": olmo_tensors, "exaone4": olmo_tensors,
+    "hunyuan_v1_dense": hunyuan_dense_tensors,
 }
 
 

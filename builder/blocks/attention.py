@@ -3,6 +3,7 @@
 Q, K and V come from one fused projection (the three weights concatenated lazily); the optional
 per-head q/k RMSNorm of Qwen3 and Gemma 3 (or LayerNorm of Phi, StableLM and Cohere) runs between
 the projection and the attention op.
+Rotary tables GroupQueryAttention cannot fuse (an `ExplicitRotary`) rotate q and k before it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import onnx_ir as ir
 
 from builder.blocks.linear import linear
 from builder.blocks.norm import layer_norm, rms_norm
+from builder.blocks.rope import ExplicitRotary
 from builder.graph import Graph
 from builder.lazy import Weight
 from builder.target import Target
@@ -56,6 +58,8 @@ class AttentionSpec:
         qk_norm_whole: the q/k RMSNorm spans the whole projection, all heads at once (OLMo 2/3),
             instead of each head's vector.
         clip_qkv: clamps the q, k and v projections to [-clip_qkv, clip_qkv] (OLMo), None for none.
+        qk_norm_after_rotary: the q/k norms apply to the rotated q and k (HunYuan) instead of
+            before the rotation; needs an `ExplicitRotary`.
     """
 
     num_heads: int
@@ -69,6 +73,7 @@ class AttentionSpec:
     qk_layer_norm: bool = False
     qk_norm_whole: bool = False
     clip_qkv: float | None = None
+    qk_norm_after_rotary: bool = False
 
 
 @dataclass(frozen=True)
@@ -115,18 +120,29 @@ def _head_layer_norm(g: Graph, x: ir.Value, weight: Weight, bias: Weight | None,
     return x
 
 
+def _rotate(g: Graph, q: ir.Value, k: ir.Value, rotary: ExplicitRotary, lengths: SequenceLengths,
+            spec: AttentionSpec) -> tuple[ir.Value, ir.Value]:
+    """q and k rotated before GroupQueryAttention, which then runs with do_rotary=0."""
+    with g.scope("q_rotary"):
+        q = rotary.rotate(g, q, spec.num_heads, lengths.seqlens_k, spec.rotary_interleaved)
+    with g.scope("k_rotary"):
+        k = rotary.rotate(g, k, spec.num_kv_heads, lengths.seqlens_k, spec.rotary_interleaved)
+    return q, k
+
+
 def self_attention(
     g: Graph,
     x: ir.Value,
     past: tuple[ir.Value, ir.Value],
     lengths: SequenceLengths,
-    rotary: tuple[ir.Value, ir.Value] | None,
+    rotary: tuple[ir.Value, ir.Value] | ExplicitRotary | None,
     w: AttentionWeights,
     spec: AttentionSpec,
     target: Target,
 ) -> tuple[ir.Value, ir.Value, ir.Value]:
-    """Returns (attention output after o_proj, present_key, present_value); `rotary` is (cos, sin),
-    or None for a layer without rotary embedding (SmolLM3's and Cohere 2's global layers)."""
+    """Returns (attention output after o_proj, present_key, present_value); `rotary` is (cos, sin)
+    for GroupQueryAttention's fused rotary, an `ExplicitRotary` (q and k rotated before it), or None
+    for a layer without rotary embedding (SmolLM3's and Cohere 2's global layers)."""
     q_dim, kv_dim = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     biases = (w.q_bias, w.k_bias, w.v_bias)
     bias = None
@@ -142,16 +158,25 @@ def self_attention(
     if spec.clip_qkv is not None:
         qkv = g.op.Clip(qkv, g.constant(-spec.clip_qkv, target.io_dtype), g.constant(spec.clip_qkv, target.io_dtype))
 
-    if w.q_norm is not None or w.k_norm is not None:
+    explicit = isinstance(rotary, ExplicitRotary)
+    if spec.qk_norm_after_rotary and not explicit:
+        raise ValueError("q/k norms after the rotary embedding need explicit rotary tables (rotary_tables(explicit=True))")
+    if w.q_norm is not None or w.k_norm is not None or explicit:
         q, k, v = g.op.Split(qkv, g.constant([q_dim, kv_dim, kv_dim], "int64"), axis=-1, _outputs=3)
+        if explicit and spec.qk_norm_after_rotary:
+            q, k = _rotate(g, q, k, rotary, lengths, spec)
         if w.q_norm is not None:
             with g.scope("q_norm"):
                 q = _head_norm(g, q, w.q_norm, spec.num_heads, spec, target, w.q_norm_bias)
         if w.k_norm is not None:
             with g.scope("k_norm"):
                 k = _head_norm(g, k, w.k_norm, spec.num_kv_heads, spec, target, w.k_norm_bias)
+        if explicit and not spec.qk_norm_after_rotary:
+            q, k = _rotate(g, q, k, rotary, lengths, spec)
     else:
         q, k, v = qkv, None, None  # packed QKV input
+    if explicit:
+        rotary = None  # q and k are rotated: GroupQueryAttention runs with do_rotary=0
 
     out, present_k, present_v = g.ms.GroupQueryAttention(
         q, k, v, past[0], past[1], lengths.seqlens_k, lengths.total_sequence_length,

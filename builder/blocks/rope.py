@@ -1,6 +1,12 @@
 """Rotary position embeddings: the inverse frequencies of each Hugging Face `rope_type`, and the
 cos/sin caches GroupQueryAttention reads ([max_positions, rotary_dim / 2]).
 
+GroupQueryAttention rotates q and k itself (do_rotary=1) when the rotary dimension is a multiple
+of 16. Other dimensions (a 32-wide head with partial_rotary_factor 0.75 rotates 24), and models
+that normalize q and k after the rotation (HunYuan), get an `ExplicitRotary` instead: a
+com.microsoft::RotaryEmbedding node per q and k before the attention, at the positions
+GroupQueryAttention would use.
+
 The arithmetic follows transformers' `modeling_rope_utils` in float32, as torch does it there,
 so the caches match Hugging Face's cos/sin to the last bit or two.
 """
@@ -8,7 +14,7 @@ so the caches match Hugging Face's cos/sin to the last bit or two.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -140,16 +146,56 @@ def longrope(params: dict[str, Any], base: float, dim: int, max_position_embeddi
     return Rope(inv_freq.astype(np.float32), float(attention_factor))
 
 
-def rotary_tables(g: Graph, rope: Rope, max_positions: int, target: Target, name: str = "") -> tuple[ir.Value, ir.Value]:
-    """Registers the cos/sin caches as initializers `model.rotary_emb.<name>cos_cache` / `sin_cache`."""
-    if rope.rotary_dim % 16:
-        raise BuildError(
-            f"rotary dimension {rope.rotary_dim} is not a multiple of 16, which GroupQueryAttention's "
-            "fused rotary embedding requires"
-        )
+def rotary_tables(
+    g: Graph, rope: Rope, max_positions: int, target: Target, name: str = "", explicit: bool = False,
+) -> tuple[ir.Value, ir.Value]:
+    """Registers the cos/sin caches as initializers `model.rotary_emb.<name>cos_cache` / `sin_cache`.
+
+    Returns them as a (cos, sin) pair for GroupQueryAttention's fused rotary, or as an
+    `ExplicitRotary` when that cannot do it: a rotary dimension that is not a multiple of 16, or
+    `explicit` (something must run between the rotation and the attention, as HunYuan's q/k norms).
+    """
     cos, sin = rope.caches(target.positions(max_positions), target.io_dtype)
     with g.scope("model", "rotary_emb"):
-        return g.weight(f"{name}cos_cache", cos), g.weight(f"{name}sin_cache", sin)
+        tables = g.weight(f"{name}cos_cache", cos), g.weight(f"{name}sin_cache", sin)
+    if explicit or rope.rotary_dim % 16:
+        return ExplicitRotary(*tables, rope.rotary_dim)
+    return tables
+
+
+@dataclass(frozen=True, eq=False)
+class ExplicitRotary:
+    """Cos/sin tables ([positions, rotary_dim / 2]) applied to q and k by com.microsoft::RotaryEmbedding
+    before GroupQueryAttention, which then runs with do_rotary=0. Iterates as (cos, sin)."""
+
+    cos: ir.Value
+    sin: ir.Value
+    rotary_dim: int
+    _positions: list[ir.Value] = field(default_factory=list, repr=False)  # computed once per model
+
+    def __iter__(self):
+        return iter((self.cos, self.sin))
+
+    def positions(self, g: Graph, x: ir.Value, seqlens_k: ir.Value) -> ir.Value:
+        """int64 [batch, sequence]: each new token's position, as GroupQueryAttention derives it per
+        batch row (group_query_attention.cc): past = seqlens_k + 1 − sequence_length, or 0 for a
+        first prompt (where a right-padded row would make it negative), then past, past + 1, ….
+        Recorded the first time a layer asks for it, and shared by all layers."""
+        if not self._positions:
+            with g.scope("rotary_positions"):
+                seq = g.op.Shape(x, start=1, end=2)  # (1,): sequence_length
+                past = g.op.Sub(g.op.Cast(seqlens_k, to=ir.DataType.INT64), g.op.Sub(seq, g.constant([1], "int64")))
+                past = g.op.Max(past, g.constant([0], "int64"))  # (B,)
+                steps = g.op.Range(g.constant(0, "int64"), g.op.Squeeze(seq), g.constant(1, "int64"))  # (S,)
+                self._positions.append(g.op.Add(g.op.Unsqueeze(past, g.constant([1], "int64")), steps))  # (B, S)
+        return self._positions[0]
+
+    def rotate(self, g: Graph, x: ir.Value, heads: int, seqlens_k: ir.Value, interleaved: bool) -> ir.Value:
+        """(B, S, heads·head_dim) -> the same, the first rotary_dim of each head rotated (rotate_half
+        halves, or pairs when `interleaved`), the rest passed through, as transformers' partial rotary."""
+        positions = self.positions(g, x, seqlens_k)
+        return g.ms.RotaryEmbedding(x, positions, self.cos, self.sin, num_heads=heads,
+                                    rotary_embedding_dim=self.rotary_dim, interleaved=int(interleaved))
 
 
 def rotary_tables_by_layer_type(
@@ -179,7 +225,9 @@ def longrope_tables(
     with g.scope("model", "rotary_emb"):
         threshold = g.constant(params["original_max_position_embeddings"], np.int32)
         is_long = g.op.Greater(total_sequence_length, threshold)
-        return g.op.If(is_long, then_branch=_select(short, long, "long"), else_branch=_select(short, long, "short"), _outputs=2)
+        tables = g.op.If(is_long, then_branch=_select(short, long, "long"), else_branch=_select(short, long, "short"),
+                         _outputs=2)
+    return ExplicitRotary(*tables, short.rotary_dim) if isinstance(short, ExplicitRotary) else tables
 
 
 def _select(short: tuple[ir.Value, ir.Value], long: tuple[ir.Value, ir.Value], which: str) -> ir.Graph:
