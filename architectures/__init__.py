@@ -19,6 +19,12 @@ ARCHITECTURES: dict[str, str] = {
     "Gemma3ForCausalLM": "gemma",
     "Gemma3ForConditionalGeneration": "gemma",
     "Phi3ForCausalLM": "phi3",
+    "MinistralForCausalLM": "llama",
+    "Ministral3ForCausalLM": "llama",
+    "SeedOssForCausalLM": "llama",
+    "Ernie4_5ForCausalLM": "llama",
+    "GraniteForCausalLM": "granite",
+    "SmolLM3ForCausalLM": "smollm3",
 }
 
 
