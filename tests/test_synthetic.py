@@ -28,6 +28,9 @@ def shrunk(config: dict) -> dict:
         text["head_dim"] = 64
     if text.get("sliding_window"):
         text["sliding_window"] = min(text["sliding_window"], 16)
+    for key in ("no_rope_layers", "layer_types"):  # per-layer lists follow the layer count
+        if isinstance(text.get(key), list):
+            text[key] = text[key][: text["num_hidden_layers"]]
     rope = text.get("rope_scaling") or {}
     if "short_factor" in rope:  # one factor per rotated pair of the 64-wide head
         pairs = int(64 * text.get("partial_rotary_factor", 1.0)) // 2
