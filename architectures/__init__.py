@@ -32,6 +32,12 @@ ARCHITECTURES: dict[str, str] = {
     "Olmo3ForCausalLM": "olmo",
     "Exaone4ForCausalLM": "exaone4",
     "HunYuanDenseV1ForCausalLM": "hunyuan",
+    "MinistralForCausalLM": "llama",
+    "Ministral3ForCausalLM": "llama",
+    "SeedOssForCausalLM": "llama",
+    "Ernie4_5ForCausalLM": "llama",
+    "GraniteForCausalLM": "granite",
+    "SmolLM3ForCausalLM": "smollm3",
 }
 
 

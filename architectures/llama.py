@@ -1,8 +1,10 @@
-"""Llama, Mistral, Qwen2 and Qwen3: one decoder, the variants as data.
+"""Llama and the decoders that are its math with other data, each a row of VARIANTS and STRUCTURE.
 
-Reference: transformers/models/llama/modeling_llama.py (and mistral, qwen2, qwen3). Differences:
-Mistral has a sliding window; Qwen2 has q/k/v biases and optional sliding layers; Qwen3 has a
-per-head RMSNorm on q and k. Each is a row of VARIANTS, not a class.
+Reference: transformers/models/<model_type>/modeling_*.py. Mistral, Ministral: a sliding window
+(Ministral's by `layer_types`); Qwen2: q/k/v biases, optional sliding layers; Qwen3: per-head q/k
+RMSNorm; Seed-OSS: q/k/v biases apart from o_proj's (`attention_out_bias`); ERNIE 4.5: `use_bias`
+on every projection, interleaved rotary pairs; Ministral 3: YaRN by default, llama-4's attention
+temperature (each query times 1 + β·log(1 + ⌊position / original context⌋)).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from builder.blocks import (
     self_attention,
     sequence_lengths,
 )
+from builder.blocks.attention import attention_temperature
 from builder.checkpoint import Checkpoint
 from builder.graph import Graph
 from builder.hf_config import effective_window, from_dict, rope_parameters
@@ -44,6 +47,27 @@ VARIANTS: dict[str, dict[str, Any]] = {
         head_dim=128, max_position_embeddings=32768, bos_token_id=None, eos_token_id=None,
         use_sliding_window=False, sliding_window=4096, max_window_layers=28,
     ),
+    "MinistralForCausalLM": dict(
+        model_type="ministral", intermediate_size=14336, num_key_value_heads=8,
+        max_position_embeddings=4096 * 32, sliding_window=4096,
+    ),
+    "Ministral3ForCausalLM": dict(
+        model_type="ministral3", vocab_size=131072, intermediate_size=14336, num_hidden_layers=34,
+        num_key_value_heads=8, head_dim=128, max_position_embeddings=262144, rms_norm_eps=1e-5, pad_token_id=11,
+        rope_parameters=dict(  # when config.json gives no rotary settings
+            type="yarn", rope_theta=1e6, factor=16.0, original_max_position_embeddings=16384, beta_fast=32.0,
+            beta_slow=1.0, mscale_all_dim=1.0, mscale=1.0, llama_4_scaling_beta=0.1, max_position_embeddings=262144),
+    ),
+    "SeedOssForCausalLM": dict(
+        model_type="seed_oss", vocab_size=155136, intermediate_size=27648, num_hidden_layers=64,
+        num_attention_heads=80, num_key_value_heads=8, head_dim=128, max_position_embeddings=524288,
+        pad_token_id=1, bos_token_id=0, eos_token_id=2, attention_bias=True, attention_out_bias=False,
+    ),
+    "Ernie4_5ForCausalLM": dict(
+        model_type="ernie4_5", vocab_size=103424, hidden_size=1024, intermediate_size=3072, num_hidden_layers=18,
+        num_attention_heads=16, num_key_value_heads=2, head_dim=128, max_position_embeddings=131072,
+        rms_norm_eps=1e-5, pad_token_id=0, eos_token_id=2, tie_word_embeddings=True, default_theta=500_000.0,
+    ),
 }
 
 # What each modeling file fixes whatever config.json says: Llama has no window (its config ignores
@@ -52,6 +76,14 @@ STRUCTURE: dict[str, dict[str, Any]] = {
     "LlamaForCausalLM": dict(sliding_window=None),
     "Qwen2ForCausalLM": dict(qkv_bias=True, attention_bias=False),
     "Qwen3ForCausalLM": dict(qk_norm=True),
+    # onnxruntime-genai 0.18 knows no "ministral", "ministral3" or "seed_oss": the same contract as
+    # Mistral's and Llama's (a plain decoder), so genai_config.json names those.
+    "MinistralForCausalLM": dict(model_type="mistral", attention_bias=False, mlp_bias=False),
+    # Mistral's modeling: one window for every layer whatever `layer_types` says.
+    "Ministral3ForCausalLM": dict(model_type="mistral", layer_types=None, llama_4_scaling=True, attention_bias=False,
+                                  mlp_bias=False),
+    "SeedOssForCausalLM": dict(model_type="llama"),
+    "Ernie4_5ForCausalLM": dict(rotary_interleaved=True, attention_bias=False, mlp_bias=False),
 }
 
 # Older checkpoints saved the rotary buffer; it is recomputed from the config.
@@ -76,6 +108,8 @@ class LlamaConfig:
     tie_word_embeddings: bool = False
     rope_parameters: dict[str, Any] = field(default_factory=dict)
     attention_bias: bool = False
+    attention_out_bias: bool | None = None  # Seed-OSS: o_proj's bias; None: attention_bias
+    use_bias: bool = False  # ERNIE 4.5: biases on q, k, v, o and the MLP
     mlp_bias: bool = False
     sliding_window: int | None = None
     use_sliding_window: bool | None = None  # Qwen2/3: the window applies only when this is true
@@ -87,9 +121,16 @@ class LlamaConfig:
     # Structure the modeling file fixes per architecture (not config.json keys).
     qkv_bias: bool = False
     qk_norm: bool = False
+    rotary_interleaved: bool = False
+    llama_4_scaling: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        if self.use_bias:
+            set_(self, "attention_bias", True)
+            set_(self, "mlp_bias", True)
+        if self.attention_out_bias is None:
+            set_(self, "attention_out_bias", self.attention_bias)
         if self.head_dim is None:
             set_(self, "head_dim", self.hidden_size // self.num_attention_heads)
         if self.num_key_value_heads is None:
@@ -97,7 +138,7 @@ class LlamaConfig:
         if self.use_sliding_window is False:
             set_(self, "sliding_window", None)
         if self.attention_bias:
-            set_(self, "qkv_bias", True)  # Llama/Qwen3: attention_bias covers q, k, v and o
+            set_(self, "qkv_bias", True)  # Llama/Qwen3: attention_bias covers q, k, v (and o)
         if self.layer_types is None:
             # Mistral slides in every layer; Qwen2/3 from max_window_layers on.
             first_sliding = self.max_window_layers or 0
@@ -105,6 +146,9 @@ class LlamaConfig:
                 "sliding_attention" if self.sliding_window is not None and i >= first_sliding else "full_attention"
                 for i in range(self.num_hidden_layers)
             ])
+        temperature = ("llama_4_scaling_beta", "original_max_position_embeddings")
+        if self.llama_4_scaling and any(self.rope_parameters.get(k) is None for k in temperature):
+            raise ValueError(f"Ministral 3's attention temperature needs rope_parameters' {' and '.join(temperature)}")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) is not a multiple of "
@@ -118,23 +162,27 @@ class LlamaConfig:
 
 
 def parse_config(raw: dict[str, Any], architecture: str) -> LlamaConfig:
-    defaults = VARIANTS[architecture]
+    defaults = dict(VARIANTS[architecture])
+    theta = defaults.pop("default_theta", 10_000.0)  # the config class's default_theta
+    if "rope_parameters" in defaults and not (raw.get("rope_scaling") or raw.get("rope_parameters")):
+        raw = dict(raw, rope_parameters=defaults["rope_parameters"])
     max_pos = raw.get("max_position_embeddings", defaults.get("max_position_embeddings", 2048))
-    return from_dict(LlamaConfig, raw, defaults, rope_parameters=rope_parameters(raw, max_pos),
+    return from_dict(LlamaConfig, raw, defaults, rope_parameters=rope_parameters(raw, max_pos, theta),
                      **STRUCTURE.get(architecture, {}))
 
 
 def decoder_layer(g: Graph, stream: ResidualStream, w: Weights, c: LlamaConfig, i: int, past, lengths, rotary,
-                  target: Target):
+                  target: Target, q_scale=None):
     """LlamaDecoderLayer.forward: x + attn(norm(x)), then x + mlp(norm(x)); returns the layer's KV."""
     H, D, I = c.hidden_size, c.head_dim, c.intermediate_size
     with g.scope("input_layernorm"):
         h = stream.norm(w("input_layernorm.weight", H))
     a = w.under("self_attn.")
-    attention = attention_weights(a, c, c.qkv_bias, c.attention_bias, a if c.qk_norm else None)
-    spec = AttentionSpec(c.num_attention_heads, c.num_key_value_heads, D, window=c.window(i), norm_eps=c.rms_norm_eps)
+    attention = attention_weights(a, c, c.qkv_bias, c.attention_out_bias, a if c.qk_norm else None)
+    spec = AttentionSpec(c.num_attention_heads, c.num_key_value_heads, D, window=c.window(i), norm_eps=c.rms_norm_eps,
+                         rotary_interleaved=c.rotary_interleaved)
     with g.scope("self_attn"):
-        h, key, value = self_attention(g, h, past, lengths, rotary, attention, spec, target)
+        h, key, value = self_attention(g, h, past, lengths, rotary, attention, spec, target, q_scale)
     stream.add(h)
     with g.scope("post_attention_layernorm"):
         h = stream.norm(w("post_attention_layernorm.weight", H))
@@ -150,13 +198,16 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: LlamaConfig, target: Tar
     rope = Rope.from_parameters(c.rope_parameters, c.head_dim, c.max_position_embeddings)
     rotary = rotary_tables(g, rope, c.max_position_embeddings, target)
     lengths = sequence_lengths(g, io.attention_mask)
+    p = c.rope_parameters  # Ministral 3: each query times its position's temperature
+    q_scale = attention_temperature(g, io.input_ids, lengths, p["llama_4_scaling_beta"],
+                                    p["original_max_position_embeddings"], target) if c.llama_4_scaling else None
     vocab = vocabulary(g, ckpt, target, (c.vocab_size, c.hidden_size), c.tie_word_embeddings)
     stream = ResidualStream(g, vocab.embed(g, io.input_ids), c.rms_norm_eps, target)
     presents = []
     for i in range(c.num_hidden_layers):
         with g.scope("model", f"layers.{i}"):
             w = Weights(ckpt, f"model.layers.{i}.")
-            presents.append(decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
+            presents.append(decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary, target, q_scale))
     with g.scope("model", "norm"):
         h = stream.norm(ckpt.weight("model.norm.weight", (c.hidden_size,)))
     return vocab.logits(g, h), presents

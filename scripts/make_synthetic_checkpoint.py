@@ -180,6 +180,55 @@ HUNYUAN_7B_INSTRUCT = {
     "bos_token_id": 127958, "eos_token_id": 127960, "pad_token_id": 127961, "torch_dtype": "bfloat16",
 }
 
+GRANITE_3_3_2B = {
+    "architectures": ["GraniteForCausalLM"], "model_type": "granite", "vocab_size": 49159, "hidden_size": 2048,
+    "intermediate_size": 8192, "num_hidden_layers": 40, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "hidden_act": "silu", "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 10000000.0,
+    "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.015625,
+    "logits_scaling": 8.0, "attention_bias": False, "mlp_bias": False, "tie_word_embeddings": True,
+    "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0, "torch_dtype": "bfloat16",
+}
+SMOLLM3_3B = {
+    "architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "vocab_size": 128256, "hidden_size": 2048,
+    "intermediate_size": 11008, "num_hidden_layers": 36, "num_attention_heads": 16, "num_key_value_heads": 4,
+    "hidden_act": "silu", "max_position_embeddings": 65536, "rms_norm_eps": 1e-6, "rope_theta": 5000000.0,
+    "no_rope_layers": [int((i + 1) % 4 != 0) for i in range(36)], "no_rope_layer_interval": 4,
+    "use_sliding_window": False, "sliding_window": None, "attention_bias": False, "mlp_bias": False,
+    "tie_word_embeddings": True, "bos_token_id": None, "eos_token_id": 128012, "pad_token_id": 128004,
+    "torch_dtype": "bfloat16",
+}
+SEED_OSS_36B = {
+    "architectures": ["SeedOssForCausalLM"], "model_type": "seed_oss", "vocab_size": 155136, "hidden_size": 5120,
+    "intermediate_size": 27648, "num_hidden_layers": 64, "num_attention_heads": 80, "num_key_value_heads": 8,
+    "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 524288, "rms_norm_eps": 1e-6,
+    "rope_theta": 10000000.0, "attention_bias": True, "attention_out_bias": False, "mlp_bias": False,
+    "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 2, "pad_token_id": 1, "torch_dtype": "bfloat16",
+}
+ERNIE_4_5_0_3B = {
+    "architectures": ["Ernie4_5ForCausalLM"], "model_type": "ernie4_5", "vocab_size": 103424, "hidden_size": 1024,
+    "intermediate_size": 3072, "num_hidden_layers": 18, "num_attention_heads": 16, "num_key_value_heads": 2,
+    "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+    "rope_theta": 500000.0, "use_bias": False, "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2,
+    "pad_token_id": 0, "torch_dtype": "bfloat16",
+}
+MINISTRAL_8B = {
+    "architectures": ["MinistralForCausalLM"], "model_type": "ministral", "vocab_size": 131072, "hidden_size": 4096,
+    "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 32768, "rms_norm_eps": 1e-5,
+    "rope_theta": 100000000.0, "sliding_window": 32768, "tie_word_embeddings": False, "bos_token_id": 1,
+    "eos_token_id": 2, "torch_dtype": "bfloat16",
+}
+MINISTRAL_3_3B = {  # the text decoder of Ministral-3-3B, as Ministral3ForCausalLM
+    "architectures": ["Ministral3ForCausalLM"], "model_type": "ministral3", "vocab_size": 131072, "hidden_size": 3072,
+    "intermediate_size": 9216, "num_hidden_layers": 26, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 262144, "rms_norm_eps": 1e-5,
+    "rope_parameters": {"rope_type": "yarn", "type": "yarn", "rope_theta": 1000000.0, "factor": 16.0,
+                        "original_max_position_embeddings": 16384, "beta_fast": 32.0, "beta_slow": 1.0,
+                        "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1},
+    "sliding_window": None, "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 11,
+    "torch_dtype": "bfloat16",
+}
+
 PRESETS: dict[str, dict] = {
     "Llama-3.2-1B": LLAMA_3_2_1B,
     "Llama-3.1-8B": LLAMA_3_1_8B,
@@ -200,11 +249,18 @@ PRESETS: dict[str, dict] = {
     "Olmo-3-7B": OLMO_3_7B,
     "EXAONE-4.0-32B": EXAONE_4_32B,
     "Hunyuan-7B-Instruct": HUNYUAN_7B_INSTRUCT,
+    "granite-3.3-2b-instruct": GRANITE_3_3_2B,
+    "SmolLM3-3B": SMOLLM3_3B,
+    "Seed-OSS-36B-Instruct": SEED_OSS_36B,
+    "ERNIE-4.5-0.3B-PT": ERNIE_4_5_0_3B,
+    "Ministral-8B-Instruct-2410": MINISTRAL_8B,
+    "Ministral-3-3B": MINISTRAL_3_3B,
 }
 
 
 def llama_tensors(c: dict, prefix: str = "") -> Iterator[tuple[str, tuple[int, ...]]]:
-    """Names and shapes of a Llama-family checkpoint (Llama, Mistral, Qwen2, Qwen3)."""
+    """Names and shapes of a Llama-family checkpoint (Llama, Mistral, Qwen2, Qwen3, and those with
+    Llama's tensor names: Granite, SmolLM3, Seed-OSS, ERNIE 4.5, Ministral, Ministral 3)."""
     H, I, V = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
     D = c.get("head_dim") or H // c["num_attention_heads"]
     q, kv = c["num_attention_heads"] * D, c.get("num_key_value_heads", c["num_attention_heads"]) * D
@@ -221,7 +277,7 @@ def llama_tensors(c: dict, prefix: str = "") -> Iterator[tuple[str, tuple[int, .
             yield p + "self_attn.k_proj.bias", (kv,)
             yield p + "self_attn.v_proj.bias", (kv,)
         yield p + "self_attn.o_proj.weight", (H, q)
-        if c.get("attention_bias") and not qwen2:
+        if c.get("attention_out_bias", c.get("attention_bias")) and not qwen2:  # Seed-OSS: its own o bias
             yield p + "self_attn.o_proj.bias", (H,)
         if qwen3:
             yield p + "self_attn.q_norm.weight", (D,)
@@ -443,6 +499,8 @@ def hunyuan_dense_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
 
 TENSORS = {
     "llama": llama_tensors, "mistral": llama_tensors, "qwen2": llama_tensors, "qwen3": llama_tensors,
+    "granite": llama_tensors, "smollm3": llama_tensors, "seed_oss": llama_tensors, "ernie4_5": llama_tensors,
+    "ministral": llama_tensors, "ministral3": llama_tensors,
     "gemma3_text": gemma3_text_tensors, "gemma3": gemma3_multimodal_tensors, "phi3": phi3_tensors,
     "cohere": cohere_tensors, "cohere2": cohere_tensors, "glm": glm_tensors, "glm4": glm_tensors,
     "phi": gptstyle_tensors, "stablelm": gptstyle_tensors, "starcoder2": gptstyle_tensors, "nemotron": gptstyle_tensors,

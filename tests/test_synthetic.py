@@ -31,6 +31,9 @@ def shrunk(config: dict) -> dict:
     if "partial_rotary_factor" in text:  # rotate a multiple of 16 of the 64 dims, as the preset does of its head
         rotated = max(16, round(int(64 * text["partial_rotary_factor"]) / 16) * 16)  # phi-2's 0.4 -> 0.5
         text["partial_rotary_factor"] = rotated / 64
+    for key in ("no_rope_layers", "layer_types"):  # per-layer lists follow the layer count
+        if isinstance(text.get(key), list):
+            text[key] = text[key][: text["num_hidden_layers"]]
     rope = text.get("rope_scaling") or {}
     if "short_factor" in rope:  # one factor per rotated pair of the 64-wide head
         pairs = int(64 * text.get("partial_rotary_factor", 1.0)) // 2

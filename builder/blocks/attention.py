@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import onnx_ir as ir
 
 from builder.blocks.linear import linear
@@ -139,10 +140,13 @@ def self_attention(
     w: AttentionWeights,
     spec: AttentionSpec,
     target: Target,
+    q_scale: ir.Value | None = None,
 ) -> tuple[ir.Value, ir.Value, ir.Value]:
     """Returns (attention output after o_proj, present_key, present_value); `rotary` is (cos, sin)
     for GroupQueryAttention's fused rotary, an `ExplicitRotary` (q and k rotated before it), or None
-    for a layer without rotary embedding (SmolLM3's and Cohere 2's global layers)."""
+    for a layer without rotary embedding (SmolLM3's and Cohere 2's global layers).
+    `q_scale` (B, S, 1) multiplies each token's query by its own factor (Ministral 3's llama-4
+    attention temperature); the rotary rotation is linear, so scaling before it equals after."""
     q_dim, kv_dim = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
     biases = (w.q_bias, w.k_bias, w.v_bias)
     bias = None
@@ -161,7 +165,7 @@ def self_attention(
     explicit = isinstance(rotary, ExplicitRotary)
     if spec.qk_norm_after_rotary and not explicit:
         raise ValueError("q/k norms after the rotary embedding need explicit rotary tables (rotary_tables(explicit=True))")
-    if w.q_norm is not None or w.k_norm is not None or explicit:
+    if w.q_norm is not None or w.k_norm is not None or explicit or q_scale is not None:
         q, k, v = g.op.Split(qkv, g.constant([q_dim, kv_dim, kv_dim], "int64"), axis=-1, _outputs=3)
         if explicit and spec.qk_norm_after_rotary:
             q, k = _rotate(g, q, k, rotary, lengths, spec)
@@ -173,6 +177,8 @@ def self_attention(
                 k = _head_norm(g, k, w.k_norm, spec.num_kv_heads, spec, target, w.k_norm_bias)
         if explicit and not spec.qk_norm_after_rotary:
             q, k = _rotate(g, q, k, rotary, lengths, spec)
+        if q_scale is not None:
+            q = g.op.Mul(q, q_scale)  # (B, S, Hq*D) · (B, S, 1)
     else:
         q, k, v = qkv, None, None  # packed QKV input
     if explicit:
@@ -195,3 +201,24 @@ def self_attention(
     with g.scope("o_proj"):
         out = linear(g, out, w.o, target, w.o_bias)
     return out, present_k, present_v
+
+
+def attention_temperature(
+    g: Graph, input_ids: ir.Value, lengths: SequenceLengths, beta: float, original_max_positions: int, target: Target,
+) -> ir.Value:
+    """Llama 4's attention temperature (transformers' ministral3 `get_llama_4_attn_scale`), the
+    `q_scale` of self_attention: 1 + beta·log(1 + ⌊position / original_max_positions⌋) per token,
+    (B, S, 1), in float32 as there. A new token's position counts the tokens before it:
+    seqlens_k + 1 − S, at least 0 (a first prompt's right padding), plus its index among the new ones."""
+    with g.scope("model", "attn_temperature"):
+        one, f_one = g.constant(1, np.int32), g.constant(1.0, np.float32)
+        new = g.op.Shape(input_ids, start=1, end=2)  # (1,): S
+        new = g.op.Cast(g.op.Squeeze(new, g.constant([0], "int64")), to=ir.DataType.INT32)
+        before = g.op.Max(g.op.Sub(g.op.Add(lengths.seqlens_k, one), new), g.constant(0, np.int32))  # (B,)
+        positions = g.op.Add(g.op.Unsqueeze(before, g.constant([1], "int64")),
+                             g.op.Range(g.constant(0, np.int32), new, one))  # (B, 1) + (S,) -> (B, S)
+        blocks = g.op.Div(positions, g.constant(int(original_max_positions), np.int32))  # floor: both ≥ 0
+        log = g.op.Log(g.op.Add(g.op.Cast(blocks, to=ir.DataType.FLOAT), f_one))
+        scale = g.op.Add(g.op.Mul(log, g.constant(float(beta), np.float32)), f_one)
+        scale = g.op.Cast(scale, to=ir.DataType.from_numpy(target.io_dtype))
+        return g.op.Unsqueeze(scale, g.constant([2], "int64"))  # (B, S) -> (B, S, 1)
