@@ -1,10 +1,9 @@
 """Llama and the decoders that are its math with other data, each a row of VARIANTS and STRUCTURE.
 
-Reference: transformers/models/<model_type>/modeling_*.py. Mistral, Ministral: a sliding window
-(Ministral's by `layer_types`); Qwen2: q/k/v biases, optional sliding layers; Qwen3: per-head q/k
-RMSNorm; Seed-OSS: q/k/v biases apart from o_proj's (`attention_out_bias`); ERNIE 4.5: `use_bias`
-on every projection, interleaved rotary pairs; Ministral 3: YaRN by default, llama-4's attention
-temperature (each query times 1 + β·log(1 + ⌊position / original context⌋)).
+Reference: transformers/models/<model_type>/modeling_*.py. Mistral: a sliding window; Qwen2: q/k/v
+biases, optional sliding layers; Qwen3: per-head q/k RMSNorm; Seed-OSS: q/k/v biases apart from
+o_proj's (`attention_out_bias`); ERNIE 4.5: `use_bias` on every projection, interleaved rotary
+pairs. Ministral and Ministral 3 are rows of architectures/ministral.py on this decoder.
 """
 
 from __future__ import annotations
@@ -24,11 +23,14 @@ from builder.blocks import (
 )
 from builder.blocks.attention import attention_temperature
 from builder.checkpoint import Checkpoint
+from builder.errors import BuildError
 from builder.graph import Graph
 from builder.hf_config import effective_window, from_dict, rope_parameters
 from builder.io import DecoderIO
 from builder.target import Target
 
+QWEN = dict(vocab_size=151936, intermediate_size=22016, num_key_value_heads=32, max_position_embeddings=32768,
+            bos_token_id=None, eos_token_id=None, use_sliding_window=False, sliding_window=4096, max_window_layers=28)
 # Per architecture: transformers' config defaults where they differ from Llama's, and the
 # structural facts its modeling file hard-codes.
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -37,27 +39,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
         model_type="mistral", intermediate_size=14336, num_key_value_heads=8,
         max_position_embeddings=4096 * 32, sliding_window=4096,
     ),
-    "Qwen2ForCausalLM": dict(
-        model_type="qwen2", vocab_size=151936, intermediate_size=22016, num_key_value_heads=32,
-        max_position_embeddings=32768, bos_token_id=None, eos_token_id=None,
-        use_sliding_window=False, sliding_window=4096, max_window_layers=28,
-    ),
-    "Qwen3ForCausalLM": dict(
-        model_type="qwen3", vocab_size=151936, intermediate_size=22016, num_key_value_heads=32,
-        head_dim=128, max_position_embeddings=32768, bos_token_id=None, eos_token_id=None,
-        use_sliding_window=False, sliding_window=4096, max_window_layers=28,
-    ),
-    "MinistralForCausalLM": dict(
-        model_type="ministral", intermediate_size=14336, num_key_value_heads=8,
-        max_position_embeddings=4096 * 32, sliding_window=4096,
-    ),
-    "Ministral3ForCausalLM": dict(
-        model_type="ministral3", vocab_size=131072, intermediate_size=14336, num_hidden_layers=34,
-        num_key_value_heads=8, head_dim=128, max_position_embeddings=262144, rms_norm_eps=1e-5, pad_token_id=11,
-        rope_parameters=dict(  # when config.json gives no rotary settings
-            type="yarn", rope_theta=1e6, factor=16.0, original_max_position_embeddings=16384, beta_fast=32.0,
-            beta_slow=1.0, mscale_all_dim=1.0, mscale=1.0, llama_4_scaling_beta=0.1, max_position_embeddings=262144),
-    ),
+    "Qwen2ForCausalLM": dict(model_type="qwen2", **QWEN),
+    "Qwen3ForCausalLM": dict(model_type="qwen3", head_dim=128, **QWEN),
     "SeedOssForCausalLM": dict(
         model_type="seed_oss", vocab_size=155136, intermediate_size=27648, num_hidden_layers=64,
         num_attention_heads=80, num_key_value_heads=8, head_dim=128, max_position_embeddings=524288,
@@ -76,12 +59,7 @@ STRUCTURE: dict[str, dict[str, Any]] = {
     "LlamaForCausalLM": dict(sliding_window=None),
     "Qwen2ForCausalLM": dict(qkv_bias=True, attention_bias=False),
     "Qwen3ForCausalLM": dict(qk_norm=True),
-    # onnxruntime-genai 0.18 knows no "ministral", "ministral3" or "seed_oss": the same contract as
-    # Mistral's and Llama's (a plain decoder), so genai_config.json names those.
-    "MinistralForCausalLM": dict(model_type="mistral", attention_bias=False, mlp_bias=False),
-    # Mistral's modeling: one window for every layer whatever `layer_types` says.
-    "Ministral3ForCausalLM": dict(model_type="mistral", layer_types=None, llama_4_scaling=True, attention_bias=False,
-                                  mlp_bias=False),
+    # onnxruntime-genai 0.18 knows no "seed_oss": the same contract as Llama's (a plain decoder).
     "SeedOssForCausalLM": dict(model_type="llama"),
     "Ernie4_5ForCausalLM": dict(rotary_interleaved=True, attention_bias=False, mlp_bias=False),
 }
@@ -150,10 +128,8 @@ class LlamaConfig:
         if self.llama_4_scaling and any(self.rope_parameters.get(k) is None for k in temperature):
             raise ValueError(f"Ministral 3's attention temperature needs rope_parameters' {' and '.join(temperature)}")
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(
-                f"num_attention_heads ({self.num_attention_heads}) is not a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads})"
-            )
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) is not a multiple of "
+                             f"num_key_value_heads ({self.num_key_value_heads})")
 
     def window(self, layer: int) -> int | None:
         if self.layer_types[layer] != "sliding_attention":
@@ -161,14 +137,22 @@ class LlamaConfig:
         return effective_window(self.sliding_window, self.max_position_embeddings)
 
 
-def parse_config(raw: dict[str, Any], architecture: str) -> LlamaConfig:
-    defaults = dict(VARIANTS[architecture])
+def parse_config(raw: dict[str, Any], architecture: str, variants: dict[str, dict[str, Any]] = VARIANTS,
+                 structure: dict[str, dict[str, Any]] = STRUCTURE) -> LlamaConfig:
+    """The config of `architecture`, a row of `variants` and `structure` (this module's, or those of
+    a module that reuses this decoder with its own rows, as architectures/ministral.py does)."""
+    defaults = dict(variants[architecture])
     theta = defaults.pop("default_theta", 10_000.0)  # the config class's default_theta
     if "rope_parameters" in defaults and not (raw.get("rope_scaling") or raw.get("rope_parameters")):
         raw = dict(raw, rope_parameters=defaults["rope_parameters"])
     max_pos = raw.get("max_position_embeddings", defaults.get("max_position_embeddings", 2048))
-    return from_dict(LlamaConfig, raw, defaults, rope_parameters=rope_parameters(raw, max_pos, theta),
-                     **STRUCTURE.get(architecture, {}))
+    rope = rope_parameters(raw, max_pos, theta)
+    # These modeling files rotate the whole head: their default rotary ignores partial_rotary_factor,
+    # and their scaled ones cannot run with it (cos/sin narrower than the head).
+    if rope.pop("partial_rotary_factor", 1.0) != 1.0 and rope["rope_type"] != "default":
+        raise BuildError(f"{architecture} with partial_rotary_factor and {rope['rope_type']} rope: transformers "
+                         "rotates the whole head for these, and cannot run this combination")
+    return from_dict(LlamaConfig, raw, defaults, rope_parameters=rope, **structure.get(architecture, {}))
 
 
 def decoder_layer(g: Graph, stream: ResidualStream, w: Weights, c: LlamaConfig, i: int, past, lengths, rotary,

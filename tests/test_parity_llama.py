@@ -73,3 +73,21 @@ def test_tied_config_with_a_stored_lm_head(tmp_path, stored):
     vocab_sized = [t.name for t in onnx.load(out / "model.onnx", load_external_data=False).graph.initializer
                    if TINY["vocab_size"] in t.dims]
     assert len(vocab_sized) == (1 if stored == "equal" else 2)
+
+
+@pytest.mark.parametrize("config_class", ["LlamaConfig", "Qwen3Config"])
+def test_partial_rotary_factor_is_ignored_as_transformers_does(tmp_path, config_class):
+    # transformers' Llama-family default rotary turns the whole head whatever partial_rotary_factor
+    # says (the build rotated half of it: relative error 9e-3 for Llama, 0.4 for Qwen3).
+    source = make_checkpoint(tmp_path / "src", config_class, **{**TINY, "head_dim": 32, "partial_rotary_factor": 0.5})
+    assert_parity(build(source, tmp_path / "out", "-p", "fp32"), source, tolerance=1e-4)
+
+
+def test_partial_rotary_with_scaled_rope_is_refused():
+    from architectures.llama import parse_config
+
+    from builder.errors import BuildError
+
+    with pytest.raises(BuildError, match="partial_rotary_factor and linear rope"):
+        parse_config({"partial_rotary_factor": 0.5, "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+                     "LlamaForCausalLM")
