@@ -105,3 +105,13 @@ def test_save_describes_the_graph_as_the_pipeline_does(tmp_path, config_class, e
     assert genai_config(crafted_info(p.model, config, target), target, generation) == expected
     if extra.get("sliding_window"):
         assert expected["model"]["decoder"]["sliding_window"]["layers"] == [0, 1]
+
+
+def test_architecture_table_is_the_registry():
+    import architectures
+
+    text = (ROOT / "README.md").read_text()
+    table = dict(re.findall(r"^\| `(\w+)` \| `architectures/(\w+)\.py`", text, re.M))
+    assert table == architectures.ARCHITECTURES
+    count = re.search(r"(\d+) architectures, listed below", text)
+    assert count and int(count.group(1)) == len(architectures.ARCHITECTURES)
