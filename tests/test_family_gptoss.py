@@ -192,3 +192,14 @@ def test_config_matches_transformers(case):
         assert getattr(ours, field) == getattr(theirs, field), field
     assert ours.rope_parameters == {k: v for k, v in theirs.rope_parameters.items() if k != "type"}
     assert ours.model_type == "gptoss"  # onnxruntime-genai's name for it
+
+
+def test_only_gpt_oss_reads_a_prequantized_checkpoint(source, tmp_path):
+    from builder.errors import BuildError
+    from builder.preflight import check_not_prequantized
+
+    raw = {"quantization_config": {"quant_method": "mxfp4"}}
+    check_not_prequantized(raw, tmp_path, architectures.load("GptOssForCausalLM").QUANT_METHODS)
+    for accepted in ((), ("awq",)):
+        with pytest.raises(BuildError, match="mxfp4"):
+            check_not_prequantized(raw, tmp_path, accepted)
