@@ -38,6 +38,7 @@ ARCHITECTURES: dict[str, str] = {
     "Ernie4_5ForCausalLM": "llama",
     "GraniteForCausalLM": "granite",
     "SmolLM3ForCausalLM": "smollm3",
+    "GptOssForCausalLM": "gpt_oss",
 }
 
 

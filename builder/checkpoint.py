@@ -132,10 +132,11 @@ class Checkpoint:
         except KeyError:
             raise BuildError(f"the checkpoint lacks tensor {name!r}, which this architecture needs") from None
 
-    def weight(self, name: str, shape: Iterable[int] | None = None) -> Weight:
-        """A lazy recipe for tensor `name`; marks it consumed. `shape`, if given, is checked."""
+    def weight(self, name: str, shape: Iterable[int] | None = None, packed: bool = False) -> Weight:
+        """A lazy recipe for tensor `name`; marks it consumed. `shape`, if given, is checked.
+        `packed` accepts an integer tensor (the uint8 blocks and scales of an MXFP4 checkpoint)."""
         info = self.info(name)
-        if info.dtype.kind != "f" and info.dtype != DTYPES["BF16"]:
+        if not packed and info.dtype.kind != "f" and info.dtype != DTYPES["BF16"]:
             raise BuildError(f"tensor {name!r} has dtype {info.dtype.name}; a weight must be floating point")
         if shape is not None and tuple(shape) != info.shape:
             raise BuildError(

@@ -90,7 +90,9 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
             f"{names[0]} needs the checkpoint's own Python code (auto_map / trust_remote_code), which "
             f"builder never runs; supported: {', '.join(sorted(architectures.ARCHITECTURES))}"
         )
-    check_not_prequantized(raw, folder / "config.json")
+    known = names[0] in architectures.ARCHITECTURES
+    accepted = getattr(architectures.load(names[0]), "QUANT_METHODS", ()) if known else ()
+    check_not_prequantized(raw, folder / "config.json", accepted)
     module = architectures.load(names[0])
     config = module.parse_config(raw, names[0])
     target = options.target()

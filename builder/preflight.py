@@ -19,13 +19,16 @@ log = logging.getLogger("builder")
 TOKENIZER_MODELS = ("tokenizer.json", "tokenizer.model")
 
 
-def check_not_prequantized(raw: dict[str, Any], path: Path) -> None:
+def check_not_prequantized(raw: dict[str, Any], path: Path, accepted: tuple[str, ...] = ()) -> None:
     """A checkpoint whose weights are already quantized (AWQ, GPTQ, FP8, bitsandbytes, mxfp4) holds
-    packed integers and scales under other tensor names: refused until builder reads those formats."""
+    packed integers and scales under other tensor names: refused until builder reads those formats,
+    except the quant_methods in `accepted`, which the architecture reads itself (gpt-oss: mxfp4)."""
     for where, cfg in (("", raw), ("text_config.", raw.get("text_config") or {})):
         q = cfg.get("quantization_config")
         if q:
             method = q.get("quant_method", "unknown") if isinstance(q, dict) else "unknown"
+            if method in accepted:
+                continue
             raise BuildError(f"{path}: {where}quantization_config says the weights are already quantized "
                              f"(quant_method {method!r}); builder reads float checkpoints only (bf16, fp16, fp32)")
 

@@ -229,6 +229,20 @@ MINISTRAL_3_3B = {  # the text decoder of Ministral-3-3B, as Ministral3ForCausal
     "torch_dtype": "bfloat16",
 }
 
+# openai/gpt-oss-20b's shapes, in the bf16 layout transformers 5 saves (the hub's own checkpoint
+# stores the experts in MXFP4: *_blocks and *_scales).
+GPT_OSS_20B = {
+    "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "vocab_size": 201088, "hidden_size": 2880,
+    "intermediate_size": 2880, "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8,
+    "head_dim": 64, "num_local_experts": 32, "num_experts_per_tok": 4, "experts_per_token": 4, "swiglu_limit": 7.0,
+    "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 12, "hidden_act": "silu",
+    "max_position_embeddings": 131072, "initial_context_length": 4096, "rms_norm_eps": 1e-5, "rope_theta": 150000,
+    "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0, "original_max_position_embeddings": 4096,
+                     "rope_type": "yarn", "truncate": False},
+    "attention_bias": True, "tie_word_embeddings": False, "eos_token_id": 200002, "pad_token_id": 199999,
+    "torch_dtype": "bfloat16",
+}
+
 PRESETS: dict[str, dict] = {
     "Llama-3.2-1B": LLAMA_3_2_1B,
     "Llama-3.1-8B": LLAMA_3_1_8B,
@@ -255,6 +269,7 @@ PRESETS: dict[str, dict] = {
     "ERNIE-4.5-0.3B-PT": ERNIE_4_5_0_3B,
     "Ministral-8B-Instruct-2410": MINISTRAL_8B,
     "Ministral-3-3B": MINISTRAL_3_3B,
+    "gpt-oss-20b": GPT_OSS_20B,
 }
 
 
@@ -497,6 +512,27 @@ def hunyuan_dense_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
             yield name.replace("o_proj", "query_layernorm"), (D,)
             yield name.replace("o_proj", "key_layernorm"), (D,)
 
+def gpt_oss_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """gpt-oss: Llama's attention with biases and per-head sinks; a router and stacked biased experts
+    ([E, H, 2I] gate_up_proj, gate and up interleaved; [E, I, H] down_proj) instead of the MLP."""
+    H, I, E = c["hidden_size"], c["intermediate_size"], c["num_local_experts"]
+    for name, shape in llama_tensors(c):
+        if ".mlp." in name:
+            continue
+        yield name, shape
+        if name.endswith("self_attn.o_proj.bias"):
+            p = name.removesuffix("self_attn.o_proj.bias")
+            yield p + "self_attn.sinks", (c["num_attention_heads"],)
+        if name.endswith("post_attention_layernorm.weight"):
+            p = name.removesuffix("post_attention_layernorm.weight") + "mlp."
+            yield p + "router.weight", (E, H)
+            yield p + "router.bias", (E,)
+            yield p + "experts.gate_up_proj", (E, H, 2 * I)
+            yield p + "experts.gate_up_proj_bias", (E, 2 * I)
+            yield p + "experts.down_proj", (E, I, H)
+            yield p + "experts.down_proj_bias", (E, H)
+
+
 TENSORS = {
     "llama": llama_tensors, "mistral": llama_tensors, "qwen2": llama_tensors, "qwen3": llama_tensors,
     "granite": llama_tensors, "smollm3": llama_tensors, "seed_oss": llama_tensors, "ernie4_5": llama_tensors,
@@ -505,7 +541,7 @@ TENSORS = {
     "cohere": cohere_tensors, "cohere2": cohere_tensors, "glm": glm_tensors, "glm4": glm_tensors,
     "phi": gptstyle_tensors, "stablelm": gptstyle_tensors, "starcoder2": gptstyle_tensors, "nemotron": gptstyle_tensors,
     "olmo": olmo_tensors, "olmo2": olmo_tensors, "olmo3": olmo_tensors, "exaone4": olmo_tensors,
-    "hunyuan_v1_dense": hunyuan_dense_tensors,
+    "hunyuan_v1_dense": hunyuan_dense_tensors, "gpt_oss": gpt_oss_tensors,
 }
 
 

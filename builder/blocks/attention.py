@@ -26,7 +26,9 @@ class AttentionWeights:
     """Projection weights in Hugging Face's [out, in] layout; biases and q/k norms optional.
     A checkpoint that stores Q, K and V fused (Phi-3's qkv_proj) passes `qkv` instead of q, k, v.
     A q/k norm weight is [head_dim], shared by the heads, or [heads, head_dim], one norm per head
-    (StableLM's LayerNormPerHead); its bias (LayerNorm only) has the same shape."""
+    (StableLM's LayerNormPerHead); its bias (LayerNorm only) has the same shape.
+    `sinks` [num_heads] (gpt-oss): a learned logit per head that joins each softmax's denominator
+    only, GroupQueryAttention's `head_sink` input."""
 
     o: Weight
     q: Weight | None = None
@@ -41,6 +43,7 @@ class AttentionWeights:
     k_norm: Weight | None = None
     q_norm_bias: Weight | None = None
     k_norm_bias: Weight | None = None
+    sinks: Weight | None = None
 
 
 @dataclass(frozen=True)
@@ -183,10 +186,13 @@ def self_attention(
         q, k, v = qkv, None, None  # packed QKV input
     if explicit:
         rotary = None  # q and k are rotated: GroupQueryAttention runs with do_rotary=0
+    # head_sink is input 11, after position_ids and attention_bias (unused here).
+    sink = () if w.sinks is None else (None, None, g.weight("sinks", w.sinks.astype(target.io_dtype)))
 
     out, present_k, present_v = g.ms.GroupQueryAttention(
         q, k, v, past[0], past[1], lengths.seqlens_k, lengths.total_sequence_length,
         *(rotary if rotary is not None else (None, None)),
+        *sink,
         _outputs=3,
         num_heads=spec.num_heads,
         kv_num_heads=spec.num_kv_heads,
