@@ -16,7 +16,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
 
 import architectures
-from builder import gguf_checkpoint, hub, record
+from builder import gguf_checkpoint, gguf_tokenizer, hub, record
 from builder.architecture import DecoderInfo, decoder_info
 from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
@@ -55,6 +55,7 @@ class Plan:
     generation: dict[str, Any]
     estimate: Estimate
     graph_sources: dict[str, tuple[str, ...]]  # initializer -> the checkpoint tensors it reads
+    gguf_metadata: dict[str, Any] | None = None  # a GGUF source's metadata (its tokenizer)
 
     @property
     def parameters(self) -> int:
@@ -85,7 +86,7 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     graph; reads no weight."""
     gguf = gguf_checkpoint.find(folder)
     if gguf is not None:
-        raw, checkpoint, _ = gguf_checkpoint.GGUFCheckpoint.open_file(gguf)
+        raw, checkpoint, metadata = gguf_checkpoint.GGUFCheckpoint.open_file(gguf)
     else:
         raw = read_json(folder / "config.json", "model")
     names = raw.get("architectures") or []
@@ -125,7 +126,7 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     generation = read_json(generation_path, "model") if gguf is None and generation_path.is_file() else {}
     source_bytes = {name: [checkpoint.info(s).nbytes for s in srcs] for name, srcs in g.sources.items()}
     return Plan(folder, names[0], config, info, checkpoint, model, generation,
-                estimate(model, source_bytes), dict(g.sources))
+                estimate(model, source_bytes), dict(g.sources), metadata if gguf is not None else None)
 
 
 def check_windowed_cache(info: DecoderInfo, options: BuildOptions) -> None:
@@ -215,6 +216,8 @@ def build(options: BuildOptions, progress: bool = True) -> Path:
                 save_model(p.model, staging, progress=progress)
             with timed("genai files"):
                 write_genai_files(folder, staging, genai_config(p.info, options.target(), p.generation, options.search))
+                if p.gguf_metadata is not None:
+                    gguf_tokenizer.write_tokenizer(p.gguf_metadata, staging)
             with timed("hashing inputs"):
                 digests = hashes.result()
             record.write(staging / "build.yaml", record.build_record(options, folder, digests, __version__))

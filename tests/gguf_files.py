@@ -18,7 +18,7 @@ NAMES = {
 GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
           "lm_head.weight": "output.weight"}
 MERGES = ["Ġ t", "h e", "Ġt he"]
-VOCAB = 256 + len(MERGES) + 1  # bytes, merges, <|endoftext|>
+VOCAB = 256 + len(MERGES) + 2  # bytes, merges, <|endoftext|> (control), <think> (user-defined)
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -86,14 +86,14 @@ def write_gguf(source: Path, path: Path, types: dict[str, str] | str = "F32", na
     w.add_value_length(head_dim)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     spelled = bytes_to_unicode()
-    tokens = [spelled[b] for b in range(256)] + [m.replace(" ", "") for m in MERGES] + ["<|endoftext|>"]
+    tokens = [spelled[b] for b in range(256)] + [m.replace(" ", "") for m in MERGES] + ["<|endoftext|>", "<think>"]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("qwen2" if arch.startswith("qwen") else "llama-bpe")
     w.add_token_list(tokens)
-    w.add_token_types([1] * (len(tokens) - 1) + [3])
+    w.add_token_types([1] * (len(tokens) - 2) + [3, 4])
     w.add_token_merges(MERGES)
-    w.add_bos_token_id(len(tokens) - 1)
-    w.add_eos_token_id(cfg.get("eos_token_id") or len(tokens) - 1)
+    w.add_bos_token_id(len(tokens) - 2)
+    w.add_eos_token_id(cfg.get("eos_token_id") or len(tokens) - 2)
     w.add_chat_template("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}")
     tensors = {}
     for f in sorted(source.glob("*.safetensors")):

@@ -134,7 +134,7 @@ def test_metadata_config_matches_transformers(tmp_path, arch):
         assert getattr(ours, key) == getattr(theirs, key), key
     head_dim = [getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads for c in (ours, theirs)]
     assert head_dim[0] == head_dim[1]
-    assert raw["eos_token_id"] == 255 and raw["bos_token_id"] == VOCAB - 1
+    assert raw["eos_token_id"] == 255 and raw["bos_token_id"] == VOCAB - 2
     json.dumps(raw)  # plain Python values, as a config.json holds
 
 
@@ -153,3 +153,23 @@ def test_unsupported_tensor_type_is_one_line(tmp_path, capsys):
     assert main(["-m", str(path), "-o", str(tmp_path / "out"), "-q"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "IQ4_NL is not supported" in err and "blk.0.ffn_up.weight" in err
+
+
+TEXTS = ["hello the world", " the  the\n\nthe 123 4567!", "<think>é ü 😀<|endoftext|>the", "It's THE end's"]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # llama-bpe and qwen2 pre-tokenizer splits
+def test_tokenizer_encodes_like_transformers(tmp_path, arch):
+    import onnxruntime_genai as og
+
+    path = make_gguf(tmp_path, arch, "F32")
+    out = build(path, tmp_path / "out", "-p", "fp32")
+    theirs = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    ours = transformers.AutoTokenizer.from_pretrained(out)
+    genai = og.Tokenizer(og.Model(str(out)))
+    for text in TEXTS:
+        want = theirs(text).input_ids
+        assert ours(text).input_ids == want, text
+        assert genai.encode(text).tolist() == want, text
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    assert config["chat_template"] == theirs.chat_template and config["eos_token"] == theirs.eos_token
