@@ -55,10 +55,10 @@ def resolve(model: str, revision: str | None = None, cache_dir: str | None = Non
     Honors the Hugging Face cache (HF_HOME / HF_HUB_CACHE, or `cache_dir`) and HF_HUB_OFFLINE=1.
     """
     path = Path(model).expanduser()
-    if path.is_dir():
+    if path.is_dir() or (path.is_file() and path.suffix == ".gguf"):
         return path
     if path.exists():
-        raise BuildError(f"{model} is a file; --model takes a folder or a Hugging Face id")
+        raise BuildError(f"{model} is a file; --model takes a folder, a .gguf file or a Hugging Face id")
     if _looks_like_path(model):
         raise BuildError(f"{model}: no such folder" + _did_you_mean(path))
     # Imported here: huggingface_hub costs start-up time that local builds need not pay.

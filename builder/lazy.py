@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import onnx_ir as ir
@@ -20,6 +21,48 @@ from builder.mapping import release
 
 # A step receives the ExitStack that owns any memory mappings and returns an array (maybe a view).
 Compute = Callable[[contextlib.ExitStack], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """A weight the checkpoint already stores quantized in a layout MatMulNBits reads as is (GGUF's
+    Q4_0 and Q8_0): `compute` yields B uint8 [N, k_blocks, block_size·bits/8] and the scales
+    [N, k_blocks]; the zero point is implicit (2^(bits−1)), so w = (code − 2^(bits−1))·scale.
+    The Weight that carries it computes the same values in float, for float builds."""
+
+    bits: int
+    block_size: int
+    compute: Callable[[contextlib.ExitStack], tuple[np.ndarray, np.ndarray]]
+    kind: str  # the source format, for messages ("Q4_0")
+
+    def widened(self) -> Blocks:
+        """The same values as 8-bit codes (4-bit code c is 8-bit code c + 120): exact."""
+        if self.bits == 8:
+            return self
+        inner = self.compute
+
+        def compute(stack):
+            data, scales = inner(stack)
+            codes = np.stack([data & 0x0F, data >> 4], axis=-1).reshape(*data.shape[:-1], -1)
+            return codes + np.uint8(120), scales
+
+        return Blocks(8, self.block_size, compute, self.kind)
+
+    @staticmethod
+    def concat(parts: Sequence[Blocks]) -> Blocks | None:
+        """Rows of several pre-quantized weights joined (a fused QKV), or None when their block
+        sizes differ; mixed 4- and 8-bit parts are joined as 8-bit."""
+        if len({b.block_size for b in parts}) != 1:
+            return None
+        if len({b.bits for b in parts}) != 1:
+            parts = [b.widened() for b in parts]
+        computes = [b.compute for b in parts]
+
+        def compute(stack):
+            pairs = [c(stack) for c in computes]
+            return np.concatenate([d for d, _ in pairs]), np.concatenate([s for _, s in pairs])
+
+        return Blocks(parts[0].bits, parts[0].block_size, compute, "+".join(dict.fromkeys(b.kind for b in parts)))
 
 
 class Weight:
@@ -33,13 +76,15 @@ class Weight:
         [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]
     """
 
-    __slots__ = ("shape", "dtype", "_compute", "sources")
+    __slots__ = ("shape", "dtype", "_compute", "sources", "blocks")
 
-    def __init__(self, shape: Sequence[int], dtype: np.dtype | type, compute: Compute, sources: tuple[str, ...]):
+    def __init__(self, shape: Sequence[int], dtype: np.dtype | type, compute: Compute, sources: tuple[str, ...],
+                 blocks: Blocks | None = None):
         self.shape = tuple(int(d) for d in shape)
         self.dtype = np.dtype(dtype)
         self._compute = compute
         self.sources = sources  # checkpoint names it reads, for messages and build records
+        self.blocks = blocks  # the same values already quantized (a GGUF Q4_0 tensor), or None
 
     def __repr__(self) -> str:
         return f"Weight({list(self.shape)}, {self.dtype.name}, from {', '.join(self.sources) or 'code'})"
@@ -109,8 +154,11 @@ class Weight:
                 raise ValueError(f"cannot concatenate {w} with {first} along axis {axis}")
         shape[axis] = sum(w.shape[axis] for w in weights)
         parts = [w._compute for w in weights]
+        blocks = None
+        if axis == 0 and all(w.blocks is not None for w in weights):
+            blocks = Blocks.concat([w.blocks for w in weights])
         return Weight(shape, first.dtype, lambda s: _Concat([p(s) for p in parts], axis),
-                      tuple(n for w in weights for n in w.sources))
+                      tuple(n for w in weights for n in w.sources), blocks)
 
     @staticmethod
     def stack(weights: Sequence[Weight]) -> Weight:

@@ -79,7 +79,7 @@ class BuildOptions:
         dtype('float16')
     """
 
-    model: str | None = option(None, str, "Hugging Face id (org/name) or local folder", short="-m")
+    model: str | None = option(None, str, "Hugging Face id (org/name), local folder or .gguf file", short="-m")
     input: str | None = option(None, str, "local folder to read instead of downloading --model", short="-i")
     output: str | None = option(None, str, "output folder (default: <model name>-<precision>-<ep>)", short="-o")
     precision: str | None = option(None, str, f"weights: {', '.join(PRECISIONS)} (default {DEFAULT_PRECISION})",
@@ -159,7 +159,7 @@ class BuildOptions:
     def output_folder(self) -> Path:
         if self.output is not None:
             return Path(self.output).expanduser()
-        name = Path((self.model or str(self.input)).rstrip("/")).name or "model"
+        name = Path((self.model or str(self.input)).rstrip("/")).name.removesuffix(".gguf") or "model"
         return Path.cwd() / f"{name}-{self.precision}-{self.execution_provider}"
 
     def target(self) -> Target:

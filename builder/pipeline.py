@@ -16,7 +16,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
 
 import architectures
-from builder import hub, record
+from builder import gguf_checkpoint, gguf_tokenizer, hub, record
 from builder.architecture import DecoderInfo, decoder_info
 from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
@@ -55,6 +55,7 @@ class Plan:
     generation: dict[str, Any]
     estimate: Estimate
     graph_sources: dict[str, tuple[str, ...]]  # initializer -> the checkpoint tensors it reads
+    gguf_metadata: dict[str, Any] | None = None  # a GGUF source's metadata (its tokenizer)
 
     @property
     def parameters(self) -> int:
@@ -64,9 +65,10 @@ class Plan:
 
 
 def source_folder(options: BuildOptions) -> Path:
+    """The local folder (or GGUF file) to build from."""
     if options.input is not None:
         folder = Path(options.input).expanduser()
-        if not folder.is_dir():
+        if not folder.is_dir() and not (folder.is_file() and folder.suffix == ".gguf"):
             raise BuildError(f"--input {folder}: no such folder")
         return folder
     return hub.resolve(options.model, options.revision, options.cache_dir)
@@ -76,12 +78,17 @@ def local_inputs(options: BuildOptions) -> list[Path]:
     """The input folders known before any hub lookup (which source_folder may do)."""
     named = [Path(options.input).expanduser()] if options.input is not None else []
     model = Path(options.model).expanduser() if options.model else None
-    return named + ([model] if model is not None and model.is_dir() else [])
+    return named + ([model] if model is not None and model.exists() else [])
 
 
 def plan(options: BuildOptions, folder: Path) -> Plan:
-    """Reads config.json and the safetensors headers and records the graph; reads no weight."""
-    raw = read_json(folder / "config.json", "model")
+    """Reads config.json and the safetensors headers (or a GGUF file's header) and records the
+    graph; reads no weight."""
+    gguf = gguf_checkpoint.find(folder)
+    if gguf is not None:
+        raw, checkpoint, metadata = gguf_checkpoint.GGUFCheckpoint.open_file(gguf)
+    else:
+        raw = read_json(folder / "config.json", "model")
     names = raw.get("architectures") or []
     if not names:
         raise BuildError(f"{folder / 'config.json'} names no architecture (the 'architectures' key)")
@@ -100,7 +107,8 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     check_context_length(target, info.context_length)
     if target.context_length:
         info = dataclasses.replace(info, context_length=target.context_length)
-    checkpoint = Checkpoint.open(folder)
+    if gguf is None:
+        checkpoint = Checkpoint.open(folder)
 
     g = Graph()
     check_windowed_cache(info, options)
@@ -110,16 +118,17 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     checkpoint.check_consumed(module.IGNORED)
     if target.quantization is not None:
         check_float_layers(target.quantization.float_layers, g.linears)
-    warn_if_no_tokenizer(folder)
+    if gguf is None:
+        warn_if_no_tokenizer(folder)
     model = g.model(io.inputs, io.outputs(logits, info.vocab_size, presents))
     RemoveUnusedNodesPass()(model)
     TopologicalSortPass()(model)
 
     generation_path = folder / "generation_config.json"
-    generation = read_json(generation_path, "model") if generation_path.is_file() else {}
+    generation = read_json(generation_path, "model") if gguf is None and generation_path.is_file() else {}
     source_bytes = {name: [checkpoint.info(s).nbytes for s in srcs] for name, srcs in g.sources.items()}
     return Plan(folder, names[0], config, info, checkpoint, model, generation,
-                estimate(model, source_bytes), dict(g.sources))
+                estimate(model, source_bytes), dict(g.sources), metadata if gguf is not None else None)
 
 
 def check_windowed_cache(info: DecoderInfo, options: BuildOptions) -> None:
@@ -201,7 +210,7 @@ def build(options: BuildOptions, progress: bool = True) -> Path:
     check_disk(p, options)
     log.info("%s: %d layers, %s parameters, %s of weights", p.architecture, p.info.num_layers,
              f"{p.parameters:,}", human(p.checkpoint.nbytes))
-    inputs = [f for f in folder.iterdir() if f.is_file() and not f.name.startswith(".")]
+    inputs = [folder] if folder.is_file() else [f for f in folder.iterdir() if f.is_file() and not f.name.startswith(".")]
     hashes = hash_inputs(inputs)
     try:
         with staged_folder(output, options.overwrite, [folder]) as staging:
@@ -209,6 +218,8 @@ def build(options: BuildOptions, progress: bool = True) -> Path:
                 save_model(p.model, staging, progress=progress)
             with timed("genai files"):
                 write_genai_files(folder, staging, genai_config(p.info, options.target(), p.generation, options.search))
+                if p.gguf_metadata is not None:
+                    gguf_tokenizer.write_tokenizer(p.gguf_metadata, staging)
             with timed("hashing inputs"):
                 digests = hashes.result()
             record.write(staging / "build.yaml", record.build_record(options, folder, digests, __version__))

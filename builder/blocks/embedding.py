@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from builder.blocks.linear import QuantizedValues, quantized_weight
+from builder.blocks.linear import QuantizedValues, quantized_weight, stored_bits
 from builder.graph import Graph
 from builder.lazy import Weight
 from builder.target import Target
@@ -22,7 +22,7 @@ def embedding(
     is rounded to the IO dtype first, as Hugging Face does with its `normalizer` buffer.
     """
     q = target.quantization
-    if shared is None and q is not None and q.embeddings and q.bits == 4:
+    if shared is None and q is not None and q.embeddings and stored_bits(weight, q) == 4:
         shared = quantized_weight(g, weight, q, target.io_dtype)
     if isinstance(shared, QuantizedValues):
         x = _gather_quantized(g, input_ids, shared, target)
@@ -36,13 +36,14 @@ def embedding(
 
 def _gather_quantized(g: Graph, input_ids: ir.Value, m: QuantizedValues, target: Target) -> ir.Value:
     q = target.quantization
-    k_blocks = -(-m.k // q.block_size)
-    padded = k_blocks * q.block_size
+    bits, block_size = m.bits or q.bits, m.block_size or q.block_size
+    k_blocks = -(-m.k // block_size)
+    padded = k_blocks * block_size
     # MatMulNBits' B [N, k_blocks, block_size/2] holds the same bytes as rows of [N, padded/2].
-    data = g.op.Reshape(m.data, g.constant([m.n, padded * q.bits // 8], "int64"))
+    data = g.op.Reshape(m.data, g.constant([m.n, padded * bits // 8], "int64"))
     x = g.ms.GatherBlockQuantized(
         data, input_ids, m.scales, m.zero_points,
-        bits=q.bits, block_size=q.block_size, gather_axis=0, quantize_axis=1,
+        bits=bits, block_size=block_size, gather_axis=0, quantize_axis=1,
     )  # (B, S, padded)
     if padded != m.k:
         x = g.op.Slice(x, g.constant([0], "int64"), g.constant([m.k], "int64"), g.constant([-1], "int64"))

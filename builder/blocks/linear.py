@@ -7,6 +7,7 @@ the writer reaches them.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +28,13 @@ class QuantizedValues:
     zero_points: ir.Value | None  # uint8 [N, ceil(k_blocks·bits/8)]
     n: int
     k: int
+    bits: int | None = None  # a pre-quantized weight's own bits and block size; None: the build's
+    block_size: int | None = None
+
+
+def stored_bits(weight: Weight, q: Quantization) -> int:
+    """The bits a quantized `weight` will have: its own when stored pre-quantized, else the build's."""
+    return weight.blocks.bits if weight.blocks is not None else q.bits
 
 
 def module_name(g: Graph) -> str:
@@ -35,7 +43,11 @@ def module_name(g: Graph) -> str:
 
 
 def quantized_weight(g: Graph, weight: Weight, q: Quantization, scale_dtype: np.dtype) -> QuantizedValues:
-    """Registers B, scales (and zero points) as lazy initializers sharing one quantization."""
+    """Registers B, scales (and zero points) as lazy initializers sharing one quantization.
+    A weight the checkpoint stores already quantized (`weight.blocks`) is written as it is stored,
+    with its own bits and block size: no float round trip."""
+    if weight.blocks is not None:
+        return _stored_blocks(g, weight, scale_dtype)
     n, k = weight.shape
     data_shape, scales_shape, zp_shape = packed_shapes(n, k, q.bits, q.block_size)
 
@@ -64,6 +76,26 @@ def quantized_weight(g: Graph, weight: Weight, q: Quantization, scale_dtype: np.
     )
 
 
+def _stored_blocks(g: Graph, weight: Weight, scale_dtype: np.dtype) -> QuantizedValues:
+    """B and scales straight from a pre-quantized weight's blocks (zero points implicit)."""
+    b = weight.blocks
+    n, k = weight.shape
+    data_shape, scales_shape, _ = packed_shapes(n, k, b.bits, b.block_size)
+
+    def compute() -> dict[str, np.ndarray]:
+        with contextlib.ExitStack() as stack:
+            data, scales = b.compute(stack)
+            # Copies that own their memory: the sources are views of mapped file pages.
+            return {"data": np.array(data, np.uint8), "scales": np.array(scales, scale_dtype)}
+
+    shared = SharedResult(compute)
+    names = g.scoped_name("data"), g.scoped_name("scales")
+    data = g.lazy_initializer(names[0], shared.tensor("data", data_shape, np.uint8, names[0]), weight.sources)
+    scales = g.lazy_initializer(names[1], shared.tensor("scales", scales_shape, scale_dtype, names[1]), (),
+                                by_product=True)
+    return QuantizedValues(data, scales, None, n, k, b.bits, b.block_size)
+
+
 def linear(
     g: Graph,
     x: ir.Value,
@@ -81,7 +113,8 @@ def linear(
         q = target.quantization
         y = g.ms.MatMulNBits(
             x, quantized.data, quantized.scales, quantized.zero_points,
-            K=quantized.k, N=quantized.n, bits=q.bits, block_size=q.block_size, accuracy_level=q.accuracy_level,
+            K=quantized.k, N=quantized.n, bits=quantized.bits or q.bits,
+            block_size=quantized.block_size or q.block_size, accuracy_level=q.accuracy_level,
         )
     else:
         w = g.weight("weight", weight.transpose().astype(target.io_dtype))  # [out, in] -> [in, out]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from builder.blocks.linear import QuantizedValues, linear, quantized_weight
+from builder.blocks.linear import QuantizedValues, linear, quantized_weight, stored_bits
 from builder.graph import Graph
 from builder.io import logits_dtype
 from builder.lazy import Weight
@@ -25,7 +25,7 @@ def shared_vocabulary(g: Graph, weight: Weight, target: Target) -> Shared | None
         with g.scope("model", "embed_tokens"):
             return g.weight("weight", weight.astype(target.io_dtype))
     q = target.quantization
-    if q.bits != 4:
+    if stored_bits(weight, q) != 4:
         return None
     with g.scope("lm_head"):
         return quantized_weight(g, weight, q, target.io_dtype)

@@ -1,0 +1,293 @@
+"""GGUF files (llama.cpp's format) read as a Checkpoint: Hugging Face tensor names, lazy weights,
+and the config.json that the file's metadata implies.
+
+The `gguf` package parses the header (metadata, tensor names, types, shapes and offsets); each
+tensor's bytes are then mapped only while it is written, like a safetensors slice. Names follow
+llama.cpp's (`blk.3.attn_q.weight`) and are mapped back to transformers' (`model.layers.3.self_attn.
+q_proj.weight`), undoing what llama.cpp's converter (convert_hf_to_gguf.py) changed on the way in:
+Llama's q/k rows permuted for its rotary layout (transformers' LlamaTensorProcessor reverses it the
+same way, modeling_gguf_pytorch_utils.py).
+
+Tensor types: F32, F16 and BF16 are float weights. Q4_0 and Q8_0 blocks (32 values, one fp16
+scale, symmetric codes) are MatMulNBits' own layout: a quantized build writes them as stored,
+nothing lost (`lazy.Blocks`); a float build dequantizes them exactly. Q4_1, Q5_0, Q5_1 and the
+K-quants (Q2_K..Q6_K) are dequantized exactly to float32 (gguf.quants, the same numbers transformers
+loads) and then take the build's precision: lossless in float, re-quantized in int4/int8.
+Any other type is refused by name.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from builder.checkpoint import Checkpoint
+from builder.errors import BuildError
+from builder.lazy import Blocks, Weight
+from builder.mapping import TensorInfo, mapped
+
+log = logging.getLogger("builder")
+
+FLOAT = {"F32": np.dtype(np.float32), "F16": np.dtype(np.float16), "BF16": np.dtype(ml_dtypes.bfloat16)}
+STORED_AS_IS = {"Q4_0": 4, "Q8_0": 8}  # MatMulNBits bits, block size 32
+DEQUANTIZED = ("Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+BLOCK = 32
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one llama.cpp architecture maps onto a transformers architecture."""
+
+    architecture: str  # transformers' class name, the key of architectures.ARCHITECTURES
+    permute_qk: bool = False  # llama.cpp permuted q/k rows (LlamaModel.permute in its converter)
+
+
+FAMILIES = {
+    "llama": Family("LlamaForCausalLM", permute_qk=True),
+    "qwen2": Family("Qwen2ForCausalLM"),
+    "qwen3": Family("Qwen3ForCausalLM"),
+}
+
+# llama.cpp's names -> transformers' (gguf-py's tensor_mapping.py, read backwards).
+GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def hf_name(name: str) -> str | None:
+    if name in GLOBAL_NAMES:
+        return GLOBAL_NAMES[name]
+    parts = name.split(".")
+    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{LAYER_NAMES[parts[2]]}.{parts[3]}"
+    return None
+
+
+def find(path: Path) -> Path | None:
+    """The GGUF file `path` names: the file itself, or the one *.gguf in a folder without config.json."""
+    if path.is_file():
+        return path if path.suffix == ".gguf" else None
+    if not path.is_dir() or (path / "config.json").is_file():
+        return None
+    files = sorted(path.glob("*.gguf"))
+    if len(files) > 1:
+        raise BuildError(f"{path} holds {len(files)} GGUF files ({', '.join(f.name for f in files[:4])}); "
+                         "pass the one to build as --model FILE.gguf")
+    return files[0] if files else None
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    """One tensor of the file: its raw bytes as [rows, bytes per row], and what they hold."""
+
+    raw: TensorInfo
+    kind: str  # GGML type name
+    shape: tuple[int, ...]  # Hugging Face's order ([out, in]); GGUF lists dims innermost first
+    rows: np.ndarray | None = None  # the row order that undoes a permutation, or None
+
+
+def _read(t: GGUFTensor, stack) -> np.ndarray:
+    """The raw bytes [rows, bytes per row] (a float tensor: its values), rows un-permuted."""
+    raw = stack.enter_context(mapped(t.raw))
+    return raw[t.rows] if t.rows is not None else raw
+
+
+def _dequantized(t: GGUFTensor):
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    qtype = GGMLQuantizationType[t.kind]
+    return lambda stack: dequantize(np.asarray(_read(t, stack)), qtype).reshape(t.shape)
+
+
+def _blocks(t: GGUFTensor) -> Blocks:
+    """Q4_0 / Q8_0 blocks in MatMulNBits' layout (ggml-quants.c's block_q4_0 / block_q8_0)."""
+    n, k = t.shape
+    k_blocks = k // BLOCK
+
+    def compute(stack):
+        raw = np.asarray(_read(t, stack)).reshape(n, k_blocks, -1)
+        scales = raw[:, :, :2].copy().view(np.float16)[:, :, 0]  # d, fp16
+        if t.kind == "Q8_0":
+            return raw[:, :, 2:] ^ np.uint8(0x80), scales  # int8 q -> q + 128: w = d·q
+        qs = raw[:, :, 2:]  # element j in the low nibble of byte j, element j + 16 in its high nibble
+        codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # (n, k_blocks, 32), w = d·(q − 8)
+        return codes[:, :, 0::2] | (codes[:, :, 1::2] << 4), scales
+
+    return Blocks(STORED_AS_IS[t.kind], BLOCK, compute, t.kind)
+
+
+def unpermute_rows(rows: int, heads: int) -> np.ndarray:
+    """The row order that undoes llama.cpp's q/k permutation (transformers'
+    LlamaTensorProcessor._reverse_permute_weights, on row indices)."""
+    half = rows // heads // 2
+    return np.arange(rows).reshape(heads, half, 2).swapaxes(2, 1).reshape(-1)
+
+
+class GGUFCheckpoint(Checkpoint):
+    """A GGUF file's tensors by Hugging Face name (see the module's docstring).
+
+    Example:
+        >>> raw, ckpt = GGUFCheckpoint.open_file("model-Q4_0.gguf")   # doctest: +SKIP
+        >>> ckpt.weight("model.layers.0.self_attn.q_proj.weight").blocks.bits   # doctest: +SKIP
+        4
+    """
+
+    def __init__(self, tensors: dict[str, GGUFTensor], path: Path):
+        super().__init__({name: TensorInfo(name, FLOAT.get(t.kind, np.dtype(np.uint8)), t.shape, path, t.raw.offset,
+                                           t.raw.nbytes) for name, t in tensors.items()})
+        self.gguf = tensors
+        self.path = path
+
+    @classmethod
+    def open_file(cls, path: str | os.PathLike) -> tuple[dict[str, Any], GGUFCheckpoint, dict[str, Any]]:
+        """(config.json's equivalent, the checkpoint, the file's metadata) for a GGUF file."""
+        path = Path(path)
+        try:
+            from gguf import GGUFReader
+        except ImportError:
+            raise BuildError("reading a GGUF file needs the gguf package (pip install gguf)") from None
+        try:
+            reader = GGUFReader(path, "r")
+        except (ValueError, OSError) as e:
+            raise BuildError(f"{path}: not a readable GGUF file ({e})") from None
+        metadata = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+        entries = [(t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)), int(t.data_offset),
+                    int(t.n_bytes)) for t in reader.tensors]
+        del reader  # its memory map of the whole file closes with it
+        arch = metadata.get("general.architecture")
+        if arch not in FAMILIES:
+            raise BuildError(f"{path}: GGUF architecture {arch!r} is not supported; supported: "
+                             f"{', '.join(sorted(FAMILIES))}")
+        check_types(path, entries)
+        names = {e[0] for e in entries}
+        raw = config(metadata, arch, names)
+        tensors = {}
+        for name, kind, shape, offset, nbytes in entries:
+            hf = hf_name(name)
+            if hf is None:
+                raise BuildError(f"{path}: tensor {name!r} has no Hugging Face counterpart for {arch} "
+                                 "(not supported yet)")
+            rows = shape[0] if len(shape) > 1 else 1
+            info = TensorInfo(hf, FLOAT.get(kind, np.dtype(np.uint8)),
+                              shape if kind in FLOAT else (rows, nbytes // rows), path, offset, nbytes)
+            order = None
+            if FAMILIES[arch].permute_qk and hf.endswith(("q_proj.weight", "k_proj.weight")):
+                heads = raw["num_attention_heads"] if "q_proj" in hf else raw["num_key_value_heads"]
+                order = unpermute_rows(shape[0], heads)
+            tensors[hf] = GGUFTensor(info, kind, shape, order)
+        return raw, cls(tensors, path), metadata
+
+    def weight(self, name: str, shape=None) -> Weight:
+        info = self.info(name)
+        if shape is not None and tuple(shape) != info.shape:
+            raise BuildError(f"tensor {name!r} has shape {list(info.shape)} but the GGUF metadata implies "
+                             f"{list(shape)}")
+        self._consumed.add(name)
+        t = self.gguf[name]
+        if t.kind in FLOAT:
+            return Weight.source(t.shape, FLOAT[t.kind], lambda stack: _read(t, stack), name)
+        blocks = _blocks(t) if t.kind in STORED_AS_IS and len(t.shape) == 2 else None
+        return Weight(t.shape, np.float32, _dequantized(t), (name,), blocks)
+
+    def same_values(self, a: str, b: str, rows_per_chunk: int = 4096) -> bool:
+        ta, tb = self.gguf[a], self.gguf[b]
+        if ta.kind != tb.kind or ta.shape != tb.shape:
+            return False
+        with mapped(ta.raw) as x, mapped(tb.raw) as y:
+            return bool(np.array_equal(x.view(np.uint8), y.view(np.uint8)))
+
+
+def check_types(path: Path, entries: list[tuple[str, str, tuple[int, ...], int, int]]) -> None:
+    """Refuses, in one line, any tensor type builder cannot read; logs what happens to the others."""
+    counts = Counter(kind for _, kind, *_ in entries)
+    refused = sorted(k for k in counts if k not in FLOAT and k not in STORED_AS_IS and k not in DEQUANTIZED)
+    if refused:
+        first = next(name for name, kind, *_ in entries if kind == refused[0])
+        raise BuildError(f"{path}: GGUF tensor type {', '.join(refused)} is not supported (e.g. {first}); "
+                         f"supported: {', '.join([*FLOAT, *STORED_AS_IS, *DEQUANTIZED])}")
+    for name, kind, shape, *_ in entries:
+        if kind not in FLOAT and shape[-1] % BLOCK:
+            raise BuildError(f"{path}: tensor {name} ({kind}) has rows of {shape[-1]} values, not whole blocks")
+    how = {**{k: "float" for k in FLOAT}, **{k: f"{b}-bit MatMulNBits as stored in a quantized build, exact float "
+                                             "otherwise" for k, b in STORED_AS_IS.items()},
+           **{k: "dequantized exactly to float, then the build's precision" for k in DEQUANTIZED}}
+    for kind, n in sorted(counts.items()):
+        log.info("GGUF %s: %d tensors, %s", kind, n, how[kind])
+
+
+def _one(value: Any) -> Any:
+    return value[0] if isinstance(value, list) and len(value) == 1 else value
+
+
+def config(metadata: dict[str, Any], arch: str, tensor_names: set[str]) -> dict[str, Any]:
+    """config.json's equivalent from the metadata, with the keys transformers reads them into
+    (transformers/integrations/ggml.py, GGUF_CONFIG_MAPPING), plus what they leave out that the
+    file states: head_dim (attention.key_length), rotary scaling, the special token ids."""
+
+    def key(name: str, default: Any = None) -> Any:
+        return _one(metadata.get(f"{arch}.{name}", default))
+
+    if "rope_freqs.weight" in tensor_names:
+        raise BuildError("this GGUF stores rotary frequency factors (rope_freqs.weight, Llama 3.1-style scaled "
+                         "rotary), which builder does not read yet")
+    family = FAMILIES[arch]
+    tokens = metadata.get("tokenizer.ggml.tokens")
+    raw: dict[str, Any] = {
+        "architectures": [family.architecture],
+        "model_type": arch,
+        "num_hidden_layers": key("block_count"),
+        "hidden_size": key("embedding_length"),
+        "intermediate_size": key("feed_forward_length"),
+        "num_attention_heads": key("attention.head_count"),
+        "num_key_value_heads": key("attention.head_count_kv", key("attention.head_count")),
+        "rms_norm_eps": key("attention.layer_norm_rms_epsilon"),
+        "max_position_embeddings": key("context_length"),
+        "rope_theta": key("rope.freq_base"),
+        "vocab_size": key("vocab_size", len(tokens) if tokens is not None else None),
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+    }
+    head_dim = key("attention.key_length")
+    if head_dim is None and arch == "llama":
+        head_dim = key("rope.dimension_count")
+    if head_dim is not None:
+        raw["head_dim"] = head_dim
+    if isinstance(raw["num_key_value_heads"], list):
+        raise BuildError("this GGUF has a per-layer key/value head count, which builder does not read")
+    scaling = key("rope.scaling.type")
+    if scaling not in (None, "none"):
+        rope = {"rope_type": scaling, "factor": key("rope.scaling.factor")}
+        if key("rope.scaling.original_context_length") is not None:
+            rope["original_max_position_embeddings"] = key("rope.scaling.original_context_length")
+        raw["rope_scaling"] = rope
+    for name, meta in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
+                       ("pad_token_id", "padding_token_id")):
+        value = _one(metadata.get(f"tokenizer.ggml.{meta}"))
+        raw[name] = None if value is None else int(value)
+    missing = [k for k, v in raw.items() if v is None and not k.endswith("token_id")]
+    if missing:
+        raise BuildError(f"the GGUF metadata lacks what {', '.join(missing)} is read from "
+                         f"({arch}.block_count, .embedding_length, ...)")
+    return {k: v for k, v in raw.items() if v is not None}

@@ -1,0 +1,117 @@
+"""tokenizer.json and tokenizer_config.json from a GGUF file's metadata (byte-level BPE vocabularies).
+
+A GGUF carries its tokenizer as metadata (`tokenizer.ggml.*`): tokens, merges, token types, special
+ids, the pre-tokenizer's name and the chat template. We write the Hugging Face `tokenizers` file
+that transformers builds from the same metadata (transformers/integrations/gguf/
+gguf_tokenizer_mapping.py: byte_level_tokenizer, add_gguf_special_tokens, set_split_regex), so
+both, and onnxruntime-genai, encode text alike. SentencePiece (`llama`) vocabularies are not
+written yet: the build warns and writes none.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("builder")
+
+# Pre-tokenizer splits by llama.cpp's `tokenizer.ggml.pre` (transformers' GGUF_PRE_TOKENIZER_SPLITS).
+_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GPT4O = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+          r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_TEKKEN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+           r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+           r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+SPLITS = {
+    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+                     "jina-v5-nano", "dbrx", "smaug-bpe"), _LLAMA3),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez"), _QWEN2),
+    **dict.fromkeys(("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), _GPT4O),
+    "tekken": _TEKKEN,
+}
+CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
+SPECIAL = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",
+           "pad_token": "padding_token_id"}
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's printable spelling of each byte (its encoder.py)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = printable[:], 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return dict(zip(printable, map(chr, chars)))
+
+
+def _added(token_id: int, content: str, special: bool) -> dict[str, Any]:
+    return {"id": token_id, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+            "normalized": False, "special": special}
+
+
+def _byte_level(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    tokens: list[str] = meta["tokenizer.ggml.tokens"]
+    types = meta.get("tokenizer.ggml.token_type") or []
+    spelled = bytes_to_unicode()
+    alphabet = set(spelled.values())
+    vocab = {t if set(t) <= alphabet else "".join(spelled[b] for b in t.encode("utf-8")): i for i, t in enumerate(tokens)}
+    merges = [m.split(" ") for m in meta.get("tokenizer.ggml.merges") or []]
+    ids = {name: meta.get(f"tokenizer.ggml.{key}") for name, key in SPECIAL.items()}
+    added = {i: _added(i, tokens[i], True) for i in ids.values() if i is not None}
+    for i, (token, kind) in enumerate(zip(tokens, types)):
+        if kind == CONTROL and set(token) <= alphabet:  # one spelled otherwise is a llama.cpp mislabel
+            added[i] = _added(i, token, True)
+        elif kind == USER_DEFINED and i not in added:
+            added[i] = _added(i, token, False)
+    split = SPLITS.get(meta.get("tokenizer.ggml.pre"))
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": split is None}
+    pre = byte_level if split is None else {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated", "invert": False}, byte_level]}
+    config = {name: None if i is None else tokens[i] for name, i in ids.items()}
+    add_bos, add_eos = bool(meta.get("tokenizer.ggml.add_bos_token")), bool(meta.get("tokenizer.ggml.add_eos_token"))
+
+    def template(seq: str, type_id: int) -> list[dict[str, Any]]:
+        bos = [{"SpecialToken": {"id": config["bos_token"], "type_id": type_id}}] if add_bos and config["bos_token"] else []
+        eos = [{"SpecialToken": {"id": config["eos_token"], "type_id": type_id}}] if add_eos and config["eos_token"] else []
+        return [*bos, {"Sequence": {"id": seq, "type_id": type_id}}, *eos]
+
+    used = {config[n] for n, flag in (("bos_token", add_bos), ("eos_token", add_eos)) if flag and config[n]}
+    tokenizer = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [added[i] for i in sorted(added)],
+        "normalizer": None,
+        "pre_tokenizer": pre,
+        "post_processor": {"type": "TemplateProcessing", "single": template("A", 0),
+                           "pair": template("A", 0) + template("B", 1),
+                           "special_tokens": {t: {"id": t, "ids": [vocab[t]], "tokens": [t]} for t in sorted(used)}},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+                  "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": merges},
+    }
+    return tokenizer, {"add_bos_token": add_bos, "add_eos_token": add_eos, **config}
+
+
+def write_tokenizer(meta: dict[str, Any], folder: Path) -> list[str]:
+    """Writes tokenizer.json and tokenizer_config.json into `folder`; returns their names (none
+    for a vocabulary type not written yet, with a warning)."""
+    kind = meta.get("tokenizer.ggml.model")
+    if kind != "gpt2" or "tokenizer.ggml.tokens" not in meta:
+        log.warning("warning: the GGUF's %r tokenizer is not written yet (byte-level BPE, 'gpt2', is): the model "
+                    "is built, but onnxruntime-genai needs a tokenizer.json beside it", kind)
+        return []
+    tokenizer, config = _byte_level(meta)
+    config = {**config, "tokenizer_class": "GPT2Tokenizer", "model_max_length": 10**30, "clean_up_tokenization_spaces": False}
+    if meta.get("tokenizer.chat_template"):
+        config["chat_template"] = meta["tokenizer.chat_template"]
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    return ["tokenizer.json", "tokenizer_config.json"]

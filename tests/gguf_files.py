@@ -1,0 +1,125 @@
+"""Small GGUF files written from tiny transformers checkpoints, as llama.cpp's converter
+(convert_hf_to_gguf.py) writes them: its tensor names, Llama's permuted q/k rows, its metadata keys."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+ARCH = {"LlamaConfig": "llama", "Qwen2Config": "qwen2", "Qwen3Config": "qwen3"}
+NAMES = {
+    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+}
+GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+          "lm_head.weight": "output.weight"}
+MERGES = ["Ġ t", "h e", "Ġt he"]
+VOCAB = 256 + len(MERGES) + 2  # bytes, merges, <|endoftext|> (control), <think> (user-defined)
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's printable spelling of each byte."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def gguf_name(hf: str) -> str:
+    if hf in GLOBAL:
+        return GLOBAL[hf]
+    _, _, layer, rest = hf.split(".", 3)
+    module, kind = rest.rsplit(".", 1)
+    return f"blk.{layer}.{NAMES[module]}.{kind}"
+
+
+def permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's LlamaModel.permute: q/k rows reordered for its rotary layout."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def random_blocks(shape: tuple[int, ...], qtype) -> np.ndarray:
+    """Random bytes in the layout of `qtype`; for Q6_K (ggml's block_q6_k: ql[128], qh[64],
+    int8 scales[16], fp16 d last) with a small d, so the values are finite and model-sized."""
+    import gguf
+
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 256, gguf.quants.quant_shape_to_byte_shape(shape, qtype), dtype=np.uint8)
+    if qtype == gguf.GGMLQuantizationType.Q6_K:
+        blocks = data.reshape(-1, 210)
+        blocks[:, 208:] = np.full((len(blocks), 1), 2e-5, np.float16).view(np.uint8)
+    return data
+
+
+def write_gguf(source: Path, path: Path, types: dict[str, str] | str = "F32", name: str = "tiny") -> Path:
+    """Writes `source` (a transformers checkpoint folder) as a GGUF file. `types`: the GGML type of
+    every 2-D weight, or a {fnmatch pattern of the GGUF name: type} dict (first match; F32 otherwise)."""
+    import fnmatch
+
+    import gguf
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((source / "config.json").read_text())
+    arch = ARCH[cfg["architectures"][0].replace("ForCausalLM", "Config")]
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name(name)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base((cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    w.add_rope_dimension_count(head_dim)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    spelled = bytes_to_unicode()
+    tokens = [spelled[b] for b in range(256)] + [m.replace(" ", "") for m in MERGES] + ["<|endoftext|>", "<think>"]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2" if arch.startswith("qwen") else "llama-bpe")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * (len(tokens) - 2) + [3, 4])
+    w.add_token_merges(MERGES)
+    w.add_bos_token_id(len(tokens) - 2)
+    w.add_eos_token_id(cfg.get("eos_token_id") or len(tokens) - 2)
+    w.add_chat_template("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}")
+    tensors = {}
+    for f in sorted(source.glob("*.safetensors")):
+        tensors.update(load_file(f))
+    for hf, value in tensors.items():
+        value = value.astype(np.float32)
+        if arch == "llama" and hf.endswith(("q_proj.weight", "k_proj.weight")):
+            value = permute(value, heads if "q_proj" in hf else kv)
+        name_ = gguf_name(hf)
+        kind = "F32"
+        if value.ndim == 2:
+            kind = types if isinstance(types, str) else next(
+                (t for p, t in types.items() if fnmatch.fnmatchcase(name_, p)), "F32")
+        qtype = gguf.GGMLQuantizationType[kind]
+        if kind == "F32":
+            w.add_tensor(name_, value)
+        elif kind == "F16":
+            w.add_tensor(name_, value.astype(np.float16))
+        else:
+            try:
+                data = gguf.quants.quantize(value, qtype)
+            except NotImplementedError:  # a type gguf-py cannot write: random blocks (see random_blocks)
+                data = random_blocks(value.shape, qtype)
+            w.add_tensor(name_, data, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -1,0 +1,175 @@
+"""GGUF input: small GGUF files written from tiny checkpoints (tests/gguf_files.py) built with the
+CLI and compared with transformers loading the same file (`gguf_file=`)."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+import transformers
+from conftest import TINY
+from gguf_files import VOCAB, write_gguf
+from helpers import GENAI_PROMPT, PROMPT, OnnxDecoder, build, make_checkpoint, relative_error
+from test_genai import MAX_LENGTH, genai_greedy
+
+from builder.cli import main
+from builder.quantize import QuantizedMatrix, dequantize
+
+MIXED = {"*.attn_v.*": "Q8_0", "*.ffn_down.*": "Q4_1", "*.ffn_up.*": "Q6_K", "*": "Q4_0"}
+ARCHS = {"llama": ("LlamaConfig", {}), "qwen2": ("Qwen2Config", {}),
+         "qwen3": ("Qwen3Config", {"tie_word_embeddings": True})}
+
+
+K_QUANTS = dict(hidden_size=256, intermediate_size=256, num_attention_heads=8, num_key_value_heads=4)  # rows of 256
+
+
+def make_gguf(tmp_path, arch="llama", types="F32", **overrides):
+    config_class, extra = ARCHS[arch]
+    src = make_checkpoint(tmp_path / "src", config_class, **{**TINY, "vocab_size": VOCAB, "eos_token_id": 255,
+                                                             **extra, **overrides})
+    return write_gguf(src, tmp_path / f"{arch}.gguf", types)
+
+
+def transformers_model(path):
+    return transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name,
+                                                             dtype=torch.float32).eval()
+
+
+def assert_same_logits(path, out, tolerance=1e-4):
+    model = transformers_model(path)
+    with torch.no_grad():
+        prefill = model(torch.tensor([PROMPT]), use_cache=True)
+        next_id = int(prefill.logits[0, -1].argmax())
+        step = model(torch.tensor([[next_id]]), past_key_values=prefill.past_key_values, use_cache=True)
+    got_prefill, got_step = OnnxDecoder(out).prefill_and_step(PROMPT, next_id)
+    for name, got, want in (("prefill", got_prefill, prefill.logits[0].numpy()),
+                            ("decode", got_step, step.logits[0].numpy())):
+        err = relative_error(got, want)
+        assert err < tolerance, f"{name}: relative max error {err:.2e}"
+        assert (got.argmax(-1) == want.argmax(-1)).all()
+    return err
+
+
+@pytest.mark.parametrize("arch, types, precision", [
+    ("llama", "F32", "fp32"),
+    ("llama", "F16", "fp32"),
+    ("llama", {"*": "Q8_0"}, "fp32"),
+    ("llama", {"*": "Q8_0"}, "int4"),
+    ("llama", {"*": "Q4_0"}, "int4"),
+    ("llama", {"*": "Q4_1"}, "fp32"),
+    ("llama", MIXED, "fp32"),
+    ("qwen2", {"*": "Q4_0"}, "int4"),
+    ("qwen3", {"*": "Q4_0"}, "int4"),  # tied: lm_head's stored blocks feed GatherBlockQuantized
+    ("qwen3", {"*": "Q8_0"}, "int8"),
+])
+def test_lossless_build_matches_transformers(tmp_path, arch, types, precision):
+    path = make_gguf(tmp_path, arch, types, **(K_QUANTS if types is MIXED else {}))
+    level = ("--accuracy-level", "0") if precision.startswith("int") else ()
+    out = build(path, tmp_path / "out", "-p", precision, *level)
+    assert_same_logits(path, out)
+
+
+def test_stored_blocks_are_written_as_is(tmp_path):
+    """An int4 build's MatMulNBits holds the file's own Q4_0/Q8_0 values: dequantized, they equal
+    gguf's dequantization bit for bit (q/v fused into one qkv_proj, mixed 4/8-bit widened to 8)."""
+    import gguf
+
+    path = make_gguf(tmp_path, "qwen2", {"*.attn_v.*": "Q8_0", "*": "Q4_0"})
+    out = build(path, tmp_path / "out", "-p", "int4")
+    model = onnx.load(out / "model.onnx")
+    init = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    nodes = {n.name: n for n in model.graph.node}
+    reader = gguf.GGUFReader(path)
+    stored = {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in reader.tensors}
+
+    def onnx_weight(prefix, bits):
+        data, scales = init[f"{prefix}.data"], init[f"{prefix}.scales"]
+        return dequantize(QuantizedMatrix(data, scales, None), data.shape[1] * 32, bits)
+
+    node = nodes["/model/layers.0/mlp/down_proj/MatMulNBits"]
+    assert {a.name: a.i for a in node.attribute}["bits"] == 4
+    np.testing.assert_array_equal(onnx_weight("model.layers.0.mlp.down_proj", 4), stored["blk.0.ffn_down.weight"])
+    qkv = onnx_weight("model.layers.0.self_attn.qkv_proj", 8)  # Q4_0 q/k and Q8_0 v as 8-bit
+    want = np.concatenate([stored[f"blk.0.attn_{x}.weight"] for x in "qkv"])
+    np.testing.assert_array_equal(qkv, want)
+
+
+def test_requantized_types_state_their_loss(tmp_path):
+    """Q4_1 and K-quants have a per-block minimum: an int4 build re-quantizes them (lossy), a
+    float build is exact."""
+    path = make_gguf(tmp_path, "llama", {"*": "Q4_1"})
+    out = build(path, tmp_path / "out", "-p", "int4", "--accuracy-level", "0")
+    model = transformers_model(path)
+    with torch.no_grad():
+        want = model(torch.tensor([PROMPT])).logits[0].numpy()
+    got, _ = OnnxDecoder(out).run(PROMPT, None, len(PROMPT))
+    err = relative_error(got, want)
+    assert 1e-4 < err < 0.2, err
+
+
+def test_genai_greedy_matches_transformers(tmp_path):
+    path = make_gguf(tmp_path, "llama", {"*": "Q4_0"})
+    out = build(path, tmp_path / "out", "-p", "int4", "--accuracy-level", "0")
+    model = transformers_model(path)
+    ids = torch.tensor([GENAI_PROMPT])
+    expected = model.generate(ids, max_length=MAX_LENGTH, do_sample=False, eos_token_id=255,
+                              pad_token_id=255)[0].tolist()
+    got = genai_greedy(out, GENAI_PROMPT)
+    assert len(expected) > len(GENAI_PROMPT) + 5
+    assert got[: len(expected)] == expected[: len(got)] and len(got) >= len(GENAI_PROMPT) + 5
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_metadata_config_matches_transformers(tmp_path, arch):
+    from builder.gguf_checkpoint import GGUFCheckpoint
+
+    path = make_gguf(tmp_path, arch, "F32")
+    raw, ckpt, _ = GGUFCheckpoint.open_file(path)
+    ours = transformers.AutoConfig.for_model(**raw)
+    theirs = transformers.AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    for key in ("model_type", "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                "num_key_value_heads", "rms_norm_eps", "max_position_embeddings", "vocab_size",
+                "tie_word_embeddings", "rope_parameters"):
+        assert getattr(ours, key) == getattr(theirs, key), key
+    head_dim = [getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads for c in (ours, theirs)]
+    assert head_dim[0] == head_dim[1]
+    assert raw["eos_token_id"] == 255 and raw["bos_token_id"] == VOCAB - 2
+    json.dumps(raw)  # plain Python values, as a config.json holds
+
+
+def test_folder_with_one_gguf_and_default_output_name(tmp_path, monkeypatch):
+    path = make_gguf(tmp_path, "llama", {"*": "Q8_0"})
+    monkeypatch.chdir(tmp_path)
+    assert main(["-m", str(tmp_path), "-p", "fp32", "-q"]) == 0
+    assert (tmp_path / f"{tmp_path.name}-fp32-cpu" / "model.onnx").is_file()
+    assert main(["-m", str(path), "-p", "fp32", "-q"]) == 0
+    assert (tmp_path / "llama-fp32-cpu" / "model.onnx").is_file()
+
+
+def test_unsupported_tensor_type_is_one_line(tmp_path, capsys):
+    path = make_gguf(tmp_path, "llama", {"*.ffn_up.*": "IQ4_NL", "*": "Q4_0"})
+    capsys.readouterr()
+    assert main(["-m", str(path), "-o", str(tmp_path / "out"), "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "IQ4_NL is not supported" in err and "blk.0.ffn_up.weight" in err
+
+
+TEXTS = ["hello the world", " the  the\n\nthe 123 4567!", "<think>é ü 😀<|endoftext|>the", "It's THE end's"]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])  # llama-bpe and qwen2 pre-tokenizer splits
+def test_tokenizer_encodes_like_transformers(tmp_path, arch):
+    import onnxruntime_genai as og
+
+    path = make_gguf(tmp_path, arch, "F32")
+    out = build(path, tmp_path / "out", "-p", "fp32")
+    theirs = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    ours = transformers.AutoTokenizer.from_pretrained(out)
+    genai = og.Tokenizer(og.Model(str(out)))
+    for text in TEXTS:
+        want = theirs(text).input_ids
+        assert ours(text).input_ids == want, text
+        assert genai.encode(text).tolist() == want, text
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    assert config["chat_template"] == theirs.chat_template and config["eos_token"] == theirs.eos_token
