@@ -38,6 +38,10 @@ ARCHITECTURES: dict[str, str] = {
     "Ernie4_5ForCausalLM": "llama",
     "GraniteForCausalLM": "granite",
     "SmolLM3ForCausalLM": "smollm3",
+    "Qwen2MoeForCausalLM": "moe",
+    "Qwen3MoeForCausalLM": "moe",
+    "MixtralForCausalLM": "moe",
+    "OlmoeForCausalLM": "moe",
 }
 
 
