@@ -1,16 +1,11 @@
-"""Llama-style decoders whose MLP is a sparse mixture of SwiGLU experts: Qwen2-MoE, Qwen3-MoE,
-Mixtral, OLMoE, the variants as data.
+"""Llama-style decoders whose MLP is a sparse mixture of SwiGLU experts, the variants as data.
 
-Reference: transformers/models/{qwen2_moe,qwen3_moe,mixtral,olmoe}/modeling_*.py. Every router is
-softmax over all experts, top-k, and (Mixtral always, the others by `norm_topk_prob`) the top-k
-renormalized: ONNX Runtime's MoE/QMoE router exactly (builder/blocks/moe.py). Apart from that:
-- Qwen2-MoE: q/k/v biases; a shared expert (a gated MLP) times sigmoid(shared_expert_gate(x)),
-  added to the experts' sum; layers in `mlp_only_layers` or off `decoder_sparse_step` are dense;
-- Qwen3-MoE: per-head q/k RMSNorm, the same dense-layer rule, no shared expert;
-- Mixtral: experts as `block_sparse_moe.experts.{e}.w1/w3/w2` (gate/up/down), a sliding window;
-- OLMoE: RMSNorm over the whole q and k projections.
-Checkpoints store each expert as its own Linear (as the hub ships them and transformers 5's
-save_pretrained writes them), read one expert at a time.
+Reference: transformers/models/{qwen2_moe,qwen3_moe,mixtral,olmoe}/modeling_*.py. Each router is
+softmax, top-k, and (Mixtral always, the others by `norm_topk_prob`) the top-k renormalized: ONNX
+Runtime's MoE/QMoE router exactly (builder/blocks/moe.py). Qwen2-MoE: q/k/v biases, a shared expert
+times sigmoid(shared_expert_gate(x)), dense layers by `mlp_only_layers`/`decoder_sparse_step`;
+Qwen3-MoE: per-head q/k norms, the same dense layers; Mixtral: experts `w1/w3/w2`, a sliding window;
+OLMoE: q/k norms over the whole projections. Each expert is its own Linear in checkpoints.
 """
 
 from __future__ import annotations
@@ -19,17 +14,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from builder.architecture import Weights, attention_weights, vocabulary
-from builder.blocks import (
-    AttentionSpec,
-    ResidualStream,
-    Rope,
-    gated_mlp,
-    linear,
-    rotary_tables,
-    self_attention,
-    sequence_lengths,
-    sparse_moe,
-)
+from builder.blocks import (AttentionSpec, ResidualStream, Rope, gated_mlp, linear, rotary_tables, self_attention,
+                            sequence_lengths, sparse_moe)
 from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
 from builder.graph import Graph
@@ -37,8 +23,7 @@ from builder.hf_config import effective_window, from_dict, rope_parameters
 from builder.io import DecoderIO
 from builder.target import Target
 
-QWEN = dict(vocab_size=151936, max_position_embeddings=32768, rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=None,
-            sliding_window=4096)
+QWEN = dict(vocab_size=151936, max_position_embeddings=32768, bos_token_id=None, eos_token_id=None, sliding_window=4096)
 VARIANTS: dict[str, dict[str, Any]] = {
     "Qwen2MoeForCausalLM": dict(model_type="qwen2_moe", **QWEN, hidden_size=2048, intermediate_size=5632,
                                 num_hidden_layers=24, num_attention_heads=16, num_key_value_heads=16,
@@ -52,21 +37,18 @@ VARIANTS: dict[str, dict[str, Any]] = {
                                num_local_experts=8, default_theta=1e6),
     "OlmoeForCausalLM": dict(model_type="olmoe", vocab_size=50304, hidden_size=2048, intermediate_size=2048,
                              num_hidden_layers=16, num_attention_heads=16, max_position_embeddings=4096,
-                             rms_norm_eps=1e-5, bos_token_id=None, pad_token_id=1, eos_token_id=50279, num_experts_per_tok=8,
-                             num_experts=64),
+                             rms_norm_eps=1e-5, bos_token_id=None, pad_token_id=1, eos_token_id=50279,
+                             num_experts_per_tok=8, num_experts=64),
 }
 
-# What each modeling file fixes whatever config.json says. onnxruntime-genai 0.18 knows none of
-# these model types; each is a plain decoder to it, as its dense sibling is.
+# What each modeling file fixes; genai 0.18 runs these as their dense siblings' (plain decoder) types.
 STRUCTURE: dict[str, dict[str, Any]] = {
     "Qwen2MoeForCausalLM": dict(model_type="qwen2", attention_bias=False),
-    "Qwen3MoeForCausalLM": dict(model_type="qwen3", qk_norm="head", qkv_bias=False, max_window_layers=None,
-                                layer_types=None),
+    "Qwen3MoeForCausalLM": dict(model_type="qwen3", qk_norm="head", qkv_bias=False, max_window_layers=None),
     "MixtralForCausalLM": dict(model_type="mistral", norm_topk_prob=True, moe="block_sparse_moe",
                                experts=("w1", "w3", "w2"), use_sliding_window=True, max_window_layers=None,
                                layer_types=None, qkv_bias=False),
-    "OlmoeForCausalLM": dict(model_type="olmo", qk_norm="whole", sliding_window=None, max_window_layers=None,
-                             layer_types=None, qkv_bias=False),
+    "OlmoeForCausalLM": dict(model_type="olmo", qk_norm="whole", sliding_window=None, layer_types=None, qkv_bias=False),
 }
 
 IGNORED = ("model.layers.*.self_attn.rotary_emb.inv_freq",)
@@ -86,7 +68,7 @@ class MoeConfig:
     head_dim: int | None = None
     hidden_act: str = "silu"
     max_position_embeddings: int = 2048
-    rms_norm_eps: float = 1e-6
+    rms_norm_eps: float = 1e-6  # Qwen's; Mixtral's and OLMoE's in VARIANTS
     tie_word_embeddings: bool = False
     rope_parameters: dict[str, Any] = field(default_factory=dict)
     attention_bias: bool = False
@@ -118,8 +100,6 @@ class MoeConfig:
             set_(self, "head_dim", self.hidden_size // self.num_attention_heads)
         if self.num_key_value_heads is None:
             set_(self, "num_key_value_heads", self.num_attention_heads)
-        if self.mlp_only_layers is None:
-            set_(self, "mlp_only_layers", [])
         if self.num_local_experts is not None:
             set_(self, "num_experts", self.num_local_experts)
         if self.moe_intermediate_size is None:
@@ -129,35 +109,34 @@ class MoeConfig:
         if not self.use_sliding_window:
             set_(self, "sliding_window", None)
         if self.layer_types is None:
-            # Qwen2MoeConfig: every other layer below max_window_layers slides; Mixtral/Qwen3-MoE: all.
-            last = self.max_window_layers if self.max_window_layers is not None else self.num_hidden_layers
-            set_(self, "layer_types", [
-                "sliding_attention" if self.sliding_window and (self.max_window_layers is None or i % 2 == 0)
-                and i < last else "full_attention" for i in range(self.num_hidden_layers)])
+            # Qwen2MoeConfig: the even layers below max_window_layers slide; Mixtral/Qwen3-MoE: all.
+            last, w = self.max_window_layers, self.sliding_window
+            set_(self, "layer_types", ["sliding_attention" if w and (last is None or i % 2 == 0 and i < last)
+                                       else "full_attention" for i in range(self.num_hidden_layers)])
         if self.clip_qkv is not None:  # OLMoE clamps after its q/k norms; the attention block before
             raise ValueError("OLMoE's clip_qkv is not supported (it clamps after the q/k norms)")
 
     def window(self, layer: int) -> int | None:
-        if self.layer_types[layer] != "sliding_attention":
-            return None
-        return effective_window(self.sliding_window, self.max_position_embeddings)
+        sliding = self.layer_types[layer] == "sliding_attention"
+        return effective_window(self.sliding_window, self.max_position_embeddings) if sliding else None
 
     def sparse(self, layer: int) -> bool:
         """Qwen2/3MoeDecoderLayer: experts unless listed dense or off the sparse step."""
-        return layer not in self.mlp_only_layers and self.num_experts > 0 and (layer + 1) % self.decoder_sparse_step == 0
+        dense = layer in (self.mlp_only_layers or ()) or (layer + 1) % self.decoder_sparse_step
+        return not dense and self.num_experts > 0
 
 
 def parse_config(raw: dict[str, Any], architecture: str) -> MoeConfig:
     defaults = dict(VARIANTS[architecture])
-    theta = defaults.pop("default_theta", 10_000.0)
-    rope = rope_parameters(raw, raw.get("max_position_embeddings", defaults.get("max_position_embeddings", 2048)), theta)
+    theta, max_pos = defaults.pop("default_theta", 10_000.0), defaults.get("max_position_embeddings", 2048)
+    rope = rope_parameters(raw, raw.get("max_position_embeddings", max_pos), theta)
     if rope.pop("partial_rotary_factor", 1.0) != 1.0:
         raise BuildError(f"{architecture} with partial_rotary_factor: transformers rotates the whole head")
     return from_dict(MoeConfig, raw, defaults, rope_parameters=rope, **STRUCTURE[architecture])
 
 
 def mlp(g: Graph, h, m: Weights, c: MoeConfig, i: int, target: Target):
-    """Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock / MixtralSparseMoeBlock / OlmoeSparseMoeBlock.forward."""
+    """Qwen2Moe/Qwen3Moe/Mixtral/OlmoeSparseMoeBlock.forward, or a dense layer's MLP."""
     H, E, I = c.hidden_size, c.num_experts, c.moe_intermediate_size
     if not c.sparse(i):
         D = c.intermediate_size

@@ -108,11 +108,13 @@ def test_genai_greedy_matches_transformers(variant, tmp_path):
 
 
 @pytest.mark.parametrize("name, config", [
-    ("Qwen3MoeConfig", {}), ("Qwen3MoeConfig", dict(use_sliding_window=True, mlp_only_layers=[0, 3],
-                                                    decoder_sparse_step=2, rope_scaling={"type": "linear", "factor": 2.0})),
+    ("Qwen3MoeConfig", {}),
+    ("Qwen3MoeConfig", dict(use_sliding_window=True, mlp_only_layers=[0, 3], decoder_sparse_step=2,
+                            rope_scaling={"type": "linear", "factor": 2.0})),
     ("Qwen2MoeConfig", {}), ("Qwen2MoeConfig", dict(use_sliding_window=True, max_window_layers=3, num_hidden_layers=6)),
     ("MixtralConfig", {}), ("MixtralConfig", dict(sliding_window=4096, rope_theta=1e4)),
-    ("OlmoeConfig", {}), ("OlmoeConfig", dict(num_key_value_heads=4, rope_scaling={"rope_type": "dynamic", "factor": 2.0})),
+    ("OlmoeConfig", {}),
+    ("OlmoeConfig", dict(num_key_value_heads=4, rope_scaling={"rope_type": "dynamic", "factor": 2.0})),
 ])
 def test_matches_transformers_config(name, config):
     hf = getattr(transformers, name)(**config)

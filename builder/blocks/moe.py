@@ -132,7 +132,7 @@ def sparse_moe(
 def _experts(g: Graph, x: ir.Value, logits: ir.Value, gate: Sequence[Weight], up: Sequence[Weight],
              down: Sequence[Weight], attributes: dict, target: Target) -> ir.Value:
     """The MoE (float) or QMoE (quantized) node over stacked experts."""
-    e, (i, h) = len(gate), gate[0].shape
+    i, h = gate[0].shape
     with g.scope("experts"):
         module, sources = module_name(g), source_modules(_sources(gate, up, down))
         g.linears[module] = sources
