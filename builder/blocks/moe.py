@@ -2,8 +2,10 @@
 com.microsoft::MoE (float experts) or QMoE (int4/int8 experts, block-wise).
 
 The router these operators implement, checked against numpy on ONNX Runtime 1.31's CPU kernels
-(tests/test_blocks_moe.py): p = softmax(logits) over all experts; the k largest p are kept; with
-`normalize_routing_weights` they are divided by their sum; the token's output is Σ p_e · expert_e(x).
+and against transformers (tests/test_family_moe.py): p = softmax(logits) over all experts; the k
+largest p are kept; with `normalize_routing_weights` they are divided by their sum; the token's
+output is Σ p_e · expert_e(x). The graph always normalizes (the CPU kernel without it is wrong when
+fed by another node) and multiplies by Σ top-k p for routers that do not.
 That is transformers' router for Qwen2-MoE, Qwen3-MoE and OLMoE (`norm_topk_prob`), and Mixtral's
 (always normalized; its softmax over the top-k logits equals the renormalized top-k of the full
 softmax). Each expert is down(silu(gate(x)) · up(x)).
@@ -15,8 +17,9 @@ FC3 and the concatenated fusion are not implemented on CPU. Expert matrices are 
 accuracy_level 0 (exact against dequantized weights) and with int8 activations at 4; its 8-bit
 experts always use int8 activations.
 
-Expert weights are never held all at once: float stacks are written one expert at a time into the
-output array, quantized ones quantized one expert at a time into the packed arrays.
+Expert weights are read one expert at a time: a float stack is written expert by expert into the
+one output array (held once, the size of the layer's stacked tensor), a quantized one quantized
+expert by expert into the packed arrays (the float copy of one expert at a time).
 """
 
 from __future__ import annotations
