@@ -39,6 +39,10 @@ ARCHITECTURES: dict[str, str] = {
     "GraniteForCausalLM": "granite",
     "SmolLM3ForCausalLM": "smollm3",
     "GptOssForCausalLM": "gpt_oss",
+    "Qwen2MoeForCausalLM": "moe",
+    "Qwen3MoeForCausalLM": "moe",
+    "MixtralForCausalLM": "moe",
+    "OlmoeForCausalLM": "moe",
 }
 
 

@@ -173,10 +173,27 @@ class Weight:
                       lambda s: _Concat([_expand(p(s)) for p in parts], 0),
                       tuple(n for w in weights for n in w.sources))
 
+    @classmethod
+    def filled(cls, shape: Sequence[int], dtype: np.dtype | type, fill: Callable[[np.ndarray], None],
+               sources: tuple[str, ...]) -> Weight:
+        """An array that `fill(out)` writes piece by piece into a fresh `out` at write time (a
+        mixture of experts' stacked, interleaved matrices, one expert at a time); `numpy()` hands
+        `out` over as is, so the result is held once. `sources`: the checkpoint tensors it reads."""
+        dtype = np.dtype(dtype)
+
+        def compute(_stack) -> _Filled:
+            out = np.empty(tuple(shape), dtype)
+            fill(out)
+            return _Filled(out)
+
+        return cls(shape, dtype, compute, sources)
+
     def numpy(self) -> np.ndarray:
         """Runs the recipe: a C-contiguous array of `dtype` that owns its memory."""
         with contextlib.ExitStack() as stack:
             value = self._compute(stack)
+            if isinstance(value, _Filled):
+                return value.array
             if isinstance(value, _Cast):
                 value = value.array
             out = np.empty(self.shape, self.dtype)
@@ -251,6 +268,15 @@ class _Cast:
 
     def __getitem__(self, index) -> _Cast:
         return _Cast(self.array[index], self.dtype)
+
+
+class _Filled:
+    """An array `Weight.filled` wrote: already the result, not to be copied again."""
+
+    __slots__ = ("array",)
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
 
 
 class _Concat:

@@ -242,6 +242,23 @@ GPT_OSS_20B = {
     "attention_bias": True, "tie_word_embeddings": False, "eos_token_id": 200002, "pad_token_id": 199999,
     "torch_dtype": "bfloat16",
 }
+OLMOE_1B_7B = {
+    "architectures": ["OlmoeForCausalLM"], "model_type": "olmoe", "vocab_size": 50304, "hidden_size": 2048,
+    "intermediate_size": 1024, "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 16,
+    "hidden_act": "silu", "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "attention_bias": False, "clip_qkv": None, "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False,
+    "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": 50279, "pad_token_id": 1,
+    "torch_dtype": "bfloat16",
+}
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048,
+    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
+    "num_key_value_heads": 4, "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_scaling": None, "attention_bias": False,
+    "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1,
+    "mlp_only_layers": [], "use_sliding_window": False, "sliding_window": None, "max_window_layers": 48,
+    "tie_word_embeddings": False, "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16",
+}
 
 PRESETS: dict[str, dict] = {
     "Llama-3.2-1B": LLAMA_3_2_1B,
@@ -270,6 +287,8 @@ PRESETS: dict[str, dict] = {
     "Ministral-8B-Instruct-2410": MINISTRAL_8B,
     "Ministral-3-3B": MINISTRAL_3_3B,
     "gpt-oss-20b": GPT_OSS_20B,
+    "OLMoE-1B-7B-0924": OLMOE_1B_7B,
+    "Qwen3-30B-A3B": QWEN3_30B_A3B,
 }
 
 
@@ -533,6 +552,34 @@ def gpt_oss_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
             yield p + "experts.down_proj_bias", (E, H)
 
 
+def moe_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """OLMoE (q/k norms over the whole projection) and Qwen3-MoE (per-head q/k norms): every
+    expert its own gate/up/down Linear under mlp.experts.{e}, the router mlp.gate."""
+    H, V, E = c["hidden_size"], c["vocab_size"], c["num_experts"]
+    I = c.get("moe_intermediate_size") or c["intermediate_size"]
+    D = c.get("head_dim") or H // c["num_attention_heads"]
+    q, kv = c["num_attention_heads"] * D, c["num_key_value_heads"] * D
+    whole = c["model_type"] == "olmoe"
+    yield "model.embed_tokens.weight", (V, H)
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        yield p + "input_layernorm.weight", (H,)
+        for name, rows in (("q", q), ("k", kv), ("v", kv)):
+            yield p + f"self_attn.{name}_proj.weight", (rows, H)
+        yield p + "self_attn.o_proj.weight", (H, q)
+        yield p + "self_attn.q_norm.weight", (q if whole else D,)
+        yield p + "self_attn.k_norm.weight", (kv if whole else D,)
+        yield p + "post_attention_layernorm.weight", (H,)
+        yield p + "mlp.gate.weight", (E, H)
+        for e in range(E):
+            yield p + f"mlp.experts.{e}.gate_proj.weight", (I, H)
+            yield p + f"mlp.experts.{e}.up_proj.weight", (I, H)
+            yield p + f"mlp.experts.{e}.down_proj.weight", (H, I)
+    yield "model.norm.weight", (H,)
+    if not c.get("tie_word_embeddings"):
+        yield "lm_head.weight", (V, H)
+
+
 TENSORS = {
     "llama": llama_tensors, "mistral": llama_tensors, "qwen2": llama_tensors, "qwen3": llama_tensors,
     "granite": llama_tensors, "smollm3": llama_tensors, "seed_oss": llama_tensors, "ernie4_5": llama_tensors,
@@ -542,6 +589,7 @@ TENSORS = {
     "phi": gptstyle_tensors, "stablelm": gptstyle_tensors, "starcoder2": gptstyle_tensors, "nemotron": gptstyle_tensors,
     "olmo": olmo_tensors, "olmo2": olmo_tensors, "olmo3": olmo_tensors, "exaone4": olmo_tensors,
     "hunyuan_v1_dense": hunyuan_dense_tensors, "gpt_oss": gpt_oss_tensors,
+    "olmoe": moe_tensors, "qwen3_moe": moe_tensors,
 }
 
 

@@ -25,7 +25,7 @@ def test_public_names_are_pinned():
     assert sorted(builder.blocks.__all__) == [
         "AttentionSpec", "AttentionWeights", "QuantizedValues", "ResidualStream", "Rope", "SequenceLengths", "Vocabulary",
         "activation", "embedding", "gated_mlp", "layer_norm", "linear", "lm_head", "longrope_tables", "plain_mlp", "quantized_weight", "rms_norm",
-        "rotary_tables", "rotary_tables_by_layer_type", "self_attention", "sequence_lengths", "shared_vocabulary", "skip_layer_norm", "skip_rms_norm",
+        "rotary_tables", "rotary_tables_by_layer_type", "self_attention", "sequence_lengths", "shared_vocabulary", "skip_layer_norm", "skip_rms_norm", "sparse_moe",
     ]
     for name in builder.__all__ + [f"blocks.{n}" for n in builder.blocks.__all__]:
         obj = builder

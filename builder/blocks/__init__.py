@@ -11,6 +11,7 @@ from builder.blocks.embedding import embedding
 from builder.blocks.linear import QuantizedValues, linear, quantized_weight
 from builder.blocks.lm_head import lm_head, shared_vocabulary
 from builder.blocks.mlp import activation, gated_mlp, plain_mlp
+from builder.blocks.moe import sparse_moe
 from builder.blocks.norm import layer_norm, rms_norm, skip_layer_norm, skip_rms_norm
 from builder.blocks.residual import ResidualStream
 from builder.blocks.rope import (
@@ -46,4 +47,5 @@ __all__ = [
     "shared_vocabulary",
     "skip_layer_norm",
     "skip_rms_norm",
+    "sparse_moe",
 ]

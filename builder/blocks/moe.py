@@ -1,0 +1,161 @@
+"""A sparse mixture of SwiGLU experts with a softmax-top-k router, as ONNX Runtime's
+com.microsoft::MoE (float experts) or QMoE (int4/int8 experts, block-wise).
+
+The router these operators implement, checked against numpy on ONNX Runtime 1.31's CPU kernels
+and against transformers (tests/test_family_moe.py): p = softmax(logits) over all experts; the k
+largest p are kept; with `normalize_routing_weights` they are divided by their sum; the token's
+output is Σ p_e · expert_e(x). The graph always normalizes (the CPU kernel without it is wrong when
+fed by another node) and multiplies by Σ top-k p for routers that do not.
+That is transformers' router for Qwen2-MoE, Qwen3-MoE and OLMoE (`norm_topk_prob`), and Mixtral's
+(always normalized; its softmax over the top-k logits equals the renormalized top-k of the full
+softmax). Each expert is down(silu(gate(x)) · up(x)).
+
+What the CPU kernels of 1.31 accept, and so the layout used: SwiGLU only with `swiglu_fusion=1`,
+gate and up rows interleaved in one [E, 2I, H] matrix (row 2i the gate's row i, 2i+1 the up's);
+FC3 and the concatenated fusion are not implemented on CPU. Expert matrices are in Hugging Face's
+[out, in] = [N, K] layout, so no transpose. QMoE's 4-bit experts compute in float32 at
+accuracy_level 0 (exact against dequantized weights) and with int8 activations at 4; its 8-bit
+experts always use int8 activations.
+
+Expert weights are read one expert at a time: a float stack is written expert by expert into the
+one output array (held once, the size of the layer's stacked tensor), a quantized one quantized
+expert by expert into the packed arrays (the float copy of one expert at a time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+import onnx_ir as ir
+
+from builder.blocks.linear import linear, module_name
+from builder.errors import BuildError
+from builder.graph import Graph
+from builder.lazy import SharedResult, Weight
+from builder.quantize import packed_shapes, quantize
+from builder.target import Quantization, Target, source_modules
+
+
+def _sources(*groups: Sequence[Weight]) -> tuple[str, ...]:
+    return tuple(n for group in groups for w in group for n in w.sources)
+
+
+def stacked_gate_up(gate: Sequence[Weight], up: Sequence[Weight], dtype: np.dtype) -> Weight:
+    """[E, 2I, H]: each expert's gate and up rows interleaved (swiglu_fusion=1), one expert at a time."""
+    (i, h), e = gate[0].shape, len(gate)
+
+    def fill(out: np.ndarray) -> None:
+        for x in range(e):
+            out[x, 0::2] = gate[x].astype(dtype).numpy()
+            out[x, 1::2] = up[x].astype(dtype).numpy()
+
+    return Weight.filled((e, 2 * i, h), dtype, fill, _sources(gate, up))
+
+
+def stacked(weights: Sequence[Weight], dtype: np.dtype) -> Weight:
+    """[E, N, K]: the experts' matrices, one expert at a time."""
+    def fill(out: np.ndarray) -> None:
+        for x, w in enumerate(weights):
+            out[x] = w.astype(dtype).numpy()
+
+    return Weight.filled((len(weights), *weights[0].shape), dtype, fill, _sources(weights))
+
+
+def quantized_experts(g: Graph, parts: Sequence[Sequence[Weight]], q: Quantization, scale_dtype: np.dtype,
+                      sources: tuple[str, ...]) -> tuple[ir.Value, ir.Value, ir.Value | None]:
+    """QMoE's (weights [E, N, K·bits/8], scales [E, N, K/block], zero points) for experts whose rows
+    are the rows of `parts` interleaved (gate and up) or of one part (down); each expert quantized
+    alone, with the dense build's quantizer, so its codes are MatMulNBits' codes."""
+    e, (n, k), ways = len(parts[0]), parts[0][0].shape, len(parts)
+    data_shape, scales_shape, zp_shape = packed_shapes(n * ways, k, q.bits, q.block_size)
+    data_shape = (e, data_shape[0], data_shape[1] * data_shape[2])
+    scales_shape, zp_shape = (e, *scales_shape), (e, *zp_shape)
+
+    def compute() -> dict[str, np.ndarray]:
+        data, scales = np.empty(data_shape, np.uint8), np.empty(scales_shape, scale_dtype)
+        zps = None if q.symmetric else np.empty(zp_shape, np.uint8)
+        for x in range(e):
+            for j, part in enumerate(parts):
+                m = part[x].apply(lambda rows: quantize(rows, q.bits, q.block_size, q.symmetric, scale_dtype))
+                data[x, j::ways] = m.data.reshape(n, -1)
+                scales[x, j::ways] = m.scales
+                if zps is not None:
+                    zps[x, j::ways] = m.zero_points
+        out = {"data": data, "scales": scales}
+        if zps is not None:
+            out["zero_points"] = zps
+        return out
+
+    shared = SharedResult(compute)
+
+    def register(part: str, shape, dtype) -> ir.Value:
+        name = g.scoped_name(part)
+        main = part == "data"
+        return g.lazy_initializer(name, shared.tensor(part, shape, dtype, name), sources if main else (),
+                                  by_product=not main)
+
+    return (register("data", data_shape, np.uint8), register("scales", scales_shape, scale_dtype),
+            None if q.symmetric else register("zero_points", zp_shape, np.uint8))
+
+
+def sparse_moe(
+    g: Graph, x: ir.Value, router: Weight, gate: Sequence[Weight], up: Sequence[Weight], down: Sequence[Weight],
+    top_k: int, normalize: bool, act: str, target: Target, router_name: str = "gate",
+) -> ir.Value:
+    """Σ over the top-k experts of p_e · down_e(silu(gate_e(x)) · up_e(x)), p = softmax(x · routerᵀ)
+    (renormalized over the top k when `normalize`). Call it inside the block's scope (`.../mlp`);
+    the router is a float linear layer named `router_name`, the experts live under `experts`.
+
+    Example:
+        y = sparse_moe(g, h, m("gate.weight", E, H), gates, ups, downs, top_k=2, normalize=True,
+                       act="silu", target=target)
+    """
+    if act != "silu":
+        raise BuildError(f"mixture of experts with activation {act!r}: only SwiGLU (silu) experts are supported")
+    with g.scope(router_name):
+        # The router stays in float: a logit moved by rounding can pick another expert.
+        scores = linear(g, x, router, replace(target, quantization=None))  # (B, S, E)
+        logits = g.op.Reshape(scores, g.constant([-1, len(gate)], "int64"))  # (B·S, E)
+    # Always normalized: ONNX Runtime 1.31's CPU MoE with normalize_routing_weights=0 returns wrong
+    # values when its output feeds another node (tests/test_family_moe.py shows it); an
+    # un-normalized router's output is the normalized one times the sum of its top-k probabilities.
+    attributes = dict(k=top_k, activation_type="swiglu", swiglu_fusion=1, activation_alpha=1.0, activation_beta=0.0,
+                      normalize_routing_weights=1)
+    y = _experts(g, x, logits, gate, up, down, attributes, target)
+    if normalize:
+        return y
+    with g.scope("router_mass"):
+        top = g.op.TopK(g.op.Softmax(scores, axis=-1), g.constant([top_k], "int64"), axis=-1, _outputs=2)[0]
+        mass = g.op.ReduceSum(top, g.constant([-1], "int64"), keepdims=1)  # (B, S, k) -> (B, S, 1)
+        return g.op.Mul(y, mass)  # (B, S, H) · (B, S, 1)
+
+
+def _experts(g: Graph, x: ir.Value, logits: ir.Value, gate: Sequence[Weight], up: Sequence[Weight],
+             down: Sequence[Weight], attributes: dict, target: Target) -> ir.Value:
+    """The MoE (float) or QMoE (quantized) node over stacked experts."""
+    i, h = gate[0].shape
+    with g.scope("experts"):
+        module, sources = module_name(g), source_modules(_sources(gate, up, down))
+        g.linears[module] = sources
+        q = target.quantization
+        if target.quantizes(module, sources):
+            if h % q.block_size or i % q.block_size:
+                raise BuildError(f"QMoE needs hidden ({h}) and expert intermediate ({i}) sizes divisible by the "
+                                 f"block size {q.block_size}")
+            with g.scope("gate_up_proj"):
+                w1, s1, z1 = quantized_experts(g, (gate, up), q, target.io_dtype, _sources(gate, up))
+            with g.scope("down_proj"):
+                w2, s2, z2 = quantized_experts(g, (down,), q, target.io_dtype, _sources(down))
+            inputs = [x, logits, w1, s1, None, w2, s2, None, None, None, None, z1, z2]
+            while inputs[-1] is None:  # trailing optional inputs left out
+                inputs.pop()
+            return g.ms.QMoE(*inputs, **attributes, expert_weight_bits=q.bits, block_size=q.block_size,
+                             accuracy_level=q.accuracy_level)
+        w1 = g.weight("gate_up_proj", stacked_gate_up(gate, up, target.io_dtype))  # (E, 2I, H)
+        w2 = g.weight("down_proj", stacked(down, target.io_dtype))  # (E, H, I)
+        return g.ms.MoE(x, logits, w1, None, w2, **attributes)
+
+
+__all__ = ["quantized_experts", "sparse_moe", "stacked", "stacked_gate_up"]
