@@ -40,8 +40,9 @@ _REFUSED = {
 # default depends on the execution provider and is resolved in target()).
 QUANTIZATION_DEFAULTS: dict[str, Any] = {
     "block_size": 32, "symmetric": True, "accuracy_level": None, "exclude_lm_head": False,
-    "quantize_embeddings": False, "float_layers": [],
+    "quantize_embeddings": False, "float_layers": [], "quant_method": "rtn", "int8_layers": [], "mixed": False,
 }
+QUANT_METHODS = ("rtn", "search")
 # genai_config.json "search" keys a build may set, and their types.
 SEARCH_KEYS: dict[str, tuple[type, ...]] = {
     "do_sample": (bool,), "temperature": (int, float), "top_k": (int,), "top_p": (int, float),
@@ -98,6 +99,14 @@ class BuildOptions:
     float_layers: list[str] | None = option(None, list, "int4/int8: linear layers kept in float, fnmatch patterns "
                                             "on checkpoint module names such as '*.q_proj' or 'model.layers.0.*' "
                                             "(repeatable)")
+    quant_method: str | None = option(None, str, "int4/int8: how each block's scale is chosen: rtn (round to "
+                                      "nearest, bit-exact with ONNX Runtime's quantizer) or search (least squared "
+                                      "error among candidate scales)", QUANT_METHODS)
+    int8_layers: list[str] | None = option(None, list, "int4: layers quantized to 8 bits instead, fnmatch patterns "
+                                           "like --float-layers ('lm_head', '*.down_proj') (repeatable)")
+    mixed: bool | None = option(None, bool, "int4: the mixed-precision preset after llama.cpp's Q4_K_M: int8 "
+                                "lm_head, embeddings, and v_proj/down_proj of the first and last eighth of the "
+                                "layers and every third between")
     io_dtype: str | None = option(None, str, "int4/int8: activation dtype (default fp32 on cpu, fp16 on cuda)", IO_DTYPES)
     context_length: int | None = option(None, int, "positions the model supports (default: max_position_embeddings)")
     windowed_kv_cache: bool = option(False, bool, "sliding-window layers keep window-long ring-buffer KV "
@@ -111,8 +120,9 @@ class BuildOptions:
         for f in dataclasses.fields(self):
             _check_kind(f, getattr(self, f.name))
         set_ = object.__setattr__
-        if self.float_layers is not None:
-            set_(self, "float_layers", list(self.float_layers))
+        for key in ("float_layers", "int8_layers"):
+            if getattr(self, key) is not None:
+                set_(self, key, list(getattr(self, key)))
         if self.model is None and self.input is None:
             raise OptionError("model", "give a Hugging Face id or folder (or an input folder)")
         precision = self.precision
@@ -123,6 +133,9 @@ class BuildOptions:
             precision = implied
         set_(self, "precision", precision or DEFAULT_PRECISION)
         self._resolve_quantization()
+        if self.precision != "int4" and (self.int8_layers or self.mixed):
+            raise OptionError("int8_layers" if self.int8_layers else "mixed",
+                              f"applies to int4 builds only; -p {self.precision} quantizes every layer alike")
         if self.precision not in QUANTIZED and self.io_dtype not in (None, self.precision):
             raise OptionError("io_dtype", f"a {self.precision} model's activations are {self.precision}")
         io = self.resolved_io_dtype
@@ -174,6 +187,9 @@ class BuildOptions:
                 lm_head=not self.exclude_lm_head,
                 embeddings=self.quantize_embeddings,
                 float_layers=tuple(self.float_layers),
+                method=self.quant_method,
+                int8_layers=tuple(self.int8_layers),
+                mixed=self.mixed,
             )
         return Target(
             io_dtype=_DTYPES[self.resolved_io_dtype], execution_provider=ep, quantization=quantization,

@@ -27,6 +27,7 @@ class QuantizedValues:
     zero_points: ir.Value | None  # uint8 [N, ceil(k_blocks·bits/8)]
     n: int
     k: int
+    bits: int
 
 
 def module_name(g: Graph) -> str:
@@ -34,13 +35,13 @@ def module_name(g: Graph) -> str:
     return g.path.strip("/").replace("/", ".")
 
 
-def quantized_weight(g: Graph, weight: Weight, q: Quantization, scale_dtype: np.dtype) -> QuantizedValues:
+def quantized_weight(g: Graph, weight: Weight, q: Quantization, scale_dtype: np.dtype, bits: int) -> QuantizedValues:
     """Registers B, scales (and zero points) as lazy initializers sharing one quantization."""
     n, k = weight.shape
-    data_shape, scales_shape, zp_shape = packed_shapes(n, k, q.bits, q.block_size)
+    data_shape, scales_shape, zp_shape = packed_shapes(n, k, bits, q.block_size)
 
     def compute() -> dict[str, np.ndarray]:
-        m = weight.apply(lambda rows: quantize(rows, q.bits, q.block_size, q.symmetric, scale_dtype))
+        m = weight.apply(lambda rows: quantize(rows, bits, q.block_size, q.symmetric, scale_dtype, q.method))
         parts = {"data": m.data, "scales": m.scales}
         if m.zero_points is not None:
             parts["zero_points"] = m.zero_points
@@ -61,6 +62,7 @@ def quantized_weight(g: Graph, weight: Weight, q: Quantization, scale_dtype: np.
         zero_points=None if q.symmetric else register("zero_points", zp_shape, np.uint8),
         n=n,
         k=k,
+        bits=bits,
     )
 
 
@@ -76,12 +78,13 @@ def linear(
     module, sources = module_name(g), source_modules(weight.sources)
     g.linears[module] = sources if quantized is None else ()  # what --float-layers patterns may name
     if quantized is None and target.quantizes(module, sources):
-        quantized = quantized_weight(g, weight, target.quantization, target.io_dtype)
+        bits = target.quantization.bits_for(module, sources)
+        quantized = quantized_weight(g, weight, target.quantization, target.io_dtype, bits)
     if quantized is not None:
         q = target.quantization
         y = g.ms.MatMulNBits(
             x, quantized.data, quantized.scales, quantized.zero_points,
-            K=quantized.k, N=quantized.n, bits=q.bits, block_size=q.block_size, accuracy_level=q.accuracy_level,
+            K=quantized.k, N=quantized.n, bits=quantized.bits, block_size=q.block_size, accuracy_level=q.accuracy_level,
         )
     else:
         w = g.weight("weight", weight.transpose().astype(target.io_dtype))  # [out, in] -> [in, out]
