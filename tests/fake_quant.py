@@ -13,6 +13,7 @@ import transformers
 from helpers import PROMPT, OnnxDecoder, relative_error
 from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmul_8bits
 
+from builder.options import PRECISION_DEFAULTS
 from builder.quantize import dequantize, quantize
 from builder.target import Quantization
 from builder.verify import _graph_linears
@@ -78,12 +79,15 @@ def op_histogram(folder):
     return collections.Counter(n.op_type for n in onnx.load(folder / "model.onnx", load_external_data=False).graph.node)
 
 
-def assert_quantized_parity(source, out, bits=4, block_size=32, symmetric=True, lm_head=True, exact=False, ids=PROMPT,
-                            method="rtn", int8_layers=()):
+def assert_quantized_parity(source, out, bits=4, block_size=32, symmetric=None, lm_head=True, exact=False, ids=PROMPT,
+                            method=None, int8_layers=()):
     """accuracy_level 4 (the cpu default) also rounds activations to int8 inside MatMulNBits, which
     the fake-quantized reference does not: cosine similarity is the measure (measured 0.99997 on
     the tiny Llama, against 0.988 for the unquantized reference). With accuracy_level 0 the
     arithmetic is float32 and the logits must equal the reference's to float32 precision."""
+    defaults = PRECISION_DEFAULTS[f"int{bits}"]  # None: what a build does when not told
+    symmetric = defaults["symmetric"] if symmetric is None else symmetric
+    method = defaults["quant_method"] if method is None else method
     ref_prefill, ref_step, next_id = reference(source, bits, block_size, symmetric, lm_head, ids, method, int8_layers)
     prefill, step = OnnxDecoder(out).prefill_and_step(ids, next_id)
     for name, got, want in (("prefill", prefill, ref_prefill), ("decode", step, ref_step)):
