@@ -65,7 +65,11 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def reference(source, bits, block_size, symmetric, lm_head=True, ids=PROMPT, method="rtn", int8_layers=()):
+def reference(source, bits, block_size, symmetric=None, lm_head=True, ids=PROMPT, method=None, int8_layers=()):
+    """transformers on fake-quantized weights; symmetric and method None: the precision's defaults."""
+    defaults = PRECISION_DEFAULTS[f"int{bits}"]  # what a build does when not told
+    symmetric = defaults["symmetric"] if symmetric is None else symmetric
+    method = defaults["quant_method"] if method is None else method
     model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
     fake_quantize_model(model, bits, block_size, symmetric, lm_head, method, int8_layers)
     with torch.no_grad():
@@ -85,9 +89,6 @@ def assert_quantized_parity(source, out, bits=4, block_size=32, symmetric=None, 
     the fake-quantized reference does not: cosine similarity is the measure (measured 0.99997 on
     the tiny Llama, against 0.988 for the unquantized reference). With accuracy_level 0 the
     arithmetic is float32 and the logits must equal the reference's to float32 precision."""
-    defaults = PRECISION_DEFAULTS[f"int{bits}"]  # None: what a build does when not told
-    symmetric = defaults["symmetric"] if symmetric is None else symmetric
-    method = defaults["quant_method"] if method is None else method
     ref_prefill, ref_step, next_id = reference(source, bits, block_size, symmetric, lm_head, ids, method, int8_layers)
     prefill, step = OnnxDecoder(out).prefill_and_step(ids, next_id)
     for name, got, want in (("prefill", prefill, ref_prefill), ("decode", step, ref_step)):
