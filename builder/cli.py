@@ -46,6 +46,9 @@ def parser() -> argparse.ArgumentParser:
             if m["choices"]:
                 kwargs["choices"] = m["choices"]
         p.add_argument(*names, **kwargs)
+        if kind is bool and m["flag"]:  # --asymmetric's opposite, to override a YAML file or a default
+            p.add_argument(_flag(f.name), dest=f.name, action="store_const", const=not m["flag_value"],
+                           help=f"the opposite of {m['flag']}")
     p.add_argument("--extra_options", nargs="+", metavar="KEY=VALUE",
                    help="onnxruntime-genai builder's options, mapped onto ours where one exists "
                         "(block_size, accuracy_level, is_symmetric, ...); any other is refused")

@@ -39,9 +39,18 @@ _REFUSED = {
 # Options that only mean something for int4/int8, and their defaults there (accuracy_level's
 # default depends on the execution provider and is resolved in target()).
 QUANTIZATION_DEFAULTS: dict[str, Any] = {
-    "block_size": 32, "symmetric": True, "accuracy_level": None, "exclude_lm_head": False,
-    "quantize_embeddings": False, "float_layers": [],
+    "block_size": 32, "symmetric": None, "accuracy_level": None, "exclude_lm_head": False,
+    "quantize_embeddings": False, "float_layers": [], "quant_method": None, "int8_layers": [], "mixed": False,
 }
+# The defaults that depend on the precision. Round-to-nearest, symmetric, for both: the scale
+# search (--quant-method search --asymmetric) halves int4's perplexity increase on SmolLM2-135M
+# (docs/BENCHMARKS.md) but costs 6× RTN's quantization time in numpy, which would make the default
+# build several times slower; it becomes int4's default once a compiled kernel makes it fast.
+PRECISION_DEFAULTS: dict[str, dict[str, Any]] = {
+    "int4": {"quant_method": "rtn", "symmetric": True},
+    "int8": {"quant_method": "rtn", "symmetric": True},
+}
+QUANT_METHODS = ("rtn", "search")
 # genai_config.json "search" keys a build may set, and their types.
 SEARCH_KEYS: dict[str, tuple[type, ...]] = {
     "do_sample": (bool,), "temperature": (int, float), "top_k": (int,), "top_p": (int, float),
@@ -98,6 +107,15 @@ class BuildOptions:
     float_layers: list[str] | None = option(None, list, "int4/int8: linear layers kept in float, fnmatch patterns "
                                             "on checkpoint module names such as '*.q_proj' or 'model.layers.0.*' "
                                             "(repeatable)")
+    quant_method: str | None = option(None, str, "int4/int8: how each block's scale is chosen: rtn (round to "
+                                      "nearest, bit-exact with ONNX Runtime's quantizer) or search (least squared "
+                                      "error among candidate scales; with --asymmetric, int4's best) (default: rtn)",
+                                      QUANT_METHODS)
+    int8_layers: list[str] | None = option(None, list, "int4: layers quantized to 8 bits instead, fnmatch patterns "
+                                           "like --float-layers ('lm_head', '*.down_proj') (repeatable)")
+    mixed: bool | None = option(None, bool, "int4: the mixed-precision preset after llama.cpp's Q4_K_M: int8 "
+                                "lm_head, embeddings, and v_proj/down_proj of the first and last eighth of the "
+                                "layers and every third between")
     io_dtype: str | None = option(None, str, "int4/int8: activation dtype (default fp32 on cpu, fp16 on cuda)", IO_DTYPES)
     context_length: int | None = option(None, int, "positions the model supports (default: max_position_embeddings)")
     windowed_kv_cache: bool = option(False, bool, "sliding-window layers keep window-long ring-buffer KV "
@@ -111,8 +129,9 @@ class BuildOptions:
         for f in dataclasses.fields(self):
             _check_kind(f, getattr(self, f.name))
         set_ = object.__setattr__
-        if self.float_layers is not None:
-            set_(self, "float_layers", list(self.float_layers))
+        for key in ("float_layers", "int8_layers"):
+            if getattr(self, key) is not None:
+                set_(self, key, list(getattr(self, key)))
         if self.model is None and self.input is None:
             raise OptionError("model", "give a Hugging Face id or folder (or an input folder)")
         precision = self.precision
@@ -123,6 +142,9 @@ class BuildOptions:
             precision = implied
         set_(self, "precision", precision or DEFAULT_PRECISION)
         self._resolve_quantization()
+        if self.precision != "int4" and (self.int8_layers or self.mixed):
+            raise OptionError("int8_layers" if self.int8_layers else "mixed",
+                              f"applies to int4 builds only; -p {self.precision} quantizes every layer alike")
         if self.precision not in QUANTIZED and self.io_dtype not in (None, self.precision):
             raise OptionError("io_dtype", f"a {self.precision} model's activations are {self.precision}")
         io = self.resolved_io_dtype
@@ -145,6 +167,7 @@ class BuildOptions:
             value = getattr(self, key)
             if self.precision in QUANTIZED:
                 if value is None:
+                    default = PRECISION_DEFAULTS[self.precision].get(key, default)
                     object.__setattr__(self, key, type(default)(default) if isinstance(default, list) else default)
             elif value is not None:
                 raise OptionError(key, f"applies to int4/int8 builds only; -p {self.precision} has no quantized weights")
@@ -174,6 +197,9 @@ class BuildOptions:
                 lm_head=not self.exclude_lm_head,
                 embeddings=self.quantize_embeddings,
                 float_layers=tuple(self.float_layers),
+                method=self.quant_method,
+                int8_layers=tuple(self.int8_layers),
+                mixed=self.mixed,
             )
         return Target(
             io_dtype=_DTYPES[self.resolved_io_dtype], execution_provider=ep, quantization=quantization,

@@ -102,8 +102,8 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     check_not_prequantized(raw, folder / "config.json", accepted)
     module = architectures.load(names[0])
     config = module.parse_config(raw, names[0])
-    target = options.target()
     info = decoder_info(config)
+    target = options.target().with_layers(info.num_layers)
     check_context_length(target, info.context_length)
     if target.context_length:
         info = dataclasses.replace(info, context_length=target.context_length)
@@ -118,6 +118,7 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     checkpoint.check_consumed(module.IGNORED)
     if target.quantization is not None:
         check_float_layers(target.quantization.float_layers, g.linears)
+        check_float_layers(tuple(options.int8_layers), g.linears, "--int8-layers")
     if gguf is None:
         warn_if_no_tokenizer(folder)
     model = g.model(io.inputs, io.outputs(logits, info.vocab_size, presents))

@@ -40,13 +40,15 @@ def check_context_length(target: Target, max_position_embeddings: int) -> None:
                          f"{max_position_embeddings} positions (max_position_embeddings)")
 
 
-def check_float_layers(patterns: tuple[str, ...], linears: dict[str, tuple[str, ...]]) -> None:
-    """Every --float-layers pattern must name a linear layer (by graph path or checkpoint module)."""
-    candidates = {"lm_head": ()} | linears
+def check_float_layers(patterns: tuple[str, ...], linears: dict[str, tuple[str, ...]],
+                       flag: str = "--float-layers") -> None:
+    """Every --float-layers (--int8-layers) pattern must name a linear layer (by graph path or checkpoint
+    module); --int8-layers may also name the embedding table."""
+    candidates = {"lm_head": ()} | ({"model.embed_tokens": ()} if flag == "--int8-layers" else {}) | linears
     for pattern in patterns:
         if not any(matches(pattern, (module, *sources)) for module, sources in candidates.items()):
             examples = [m for sources in linears.values() for m in sources][:3] or list(linears)[:3]
-            raise BuildError(f"--float-layers {pattern!r} matches no linear layer of the checkpoint "
+            raise BuildError(f"{flag} {pattern!r} matches no linear layer of the checkpoint "
                              f"(module names look like {', '.join(examples)})")
 
 

@@ -27,6 +27,8 @@ from builder.mapping import release
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 BITS = (4, 8)
+# rtn: ONNX Runtime's round-to-nearest; search: each block's scale chosen for least squared error.
+METHODS = ("rtn", "search")
 # Elements quantized at a time (whole rows): bounds the float32 temporaries to ~4 MB each.
 ROW_CHUNK_ELEMENTS = 1 << 20
 
@@ -52,7 +54,8 @@ def round_half_away(x: np.ndarray) -> np.ndarray:
     return np.where(np.abs(x - t) >= 0.5, t + np.sign(x), t)
 
 
-def _quantize_rows(w: np.ndarray, bits: int, block_size: int, symmetric: bool, scale_dtype: np.dtype):
+def _quantize_rows(w: np.ndarray, bits: int, block_size: int, symmetric: bool, scale_dtype: np.dtype,
+                   method: str = "rtn"):
     """Quantizes float32 rows [n, K]; returns (codes uint8 [n, kb, bs], scales, zero points uint8 [n, kb])."""
     n, k = w.shape
     k_blocks = -(-k // block_size)
@@ -72,7 +75,19 @@ def _quantize_rows(w: np.ndarray, bits: int, block_size: int, symmetric: bool, s
             zp_f = np.where(scale != 0, np.float32(0) - lo / scale, lo)
         zp = np.where(zp_f < 0, 0, np.where(zp_f > top, top, round_half_away(zp_f))).astype(np.float32)
         scales = scale.astype(scale_dtype)
-    stored = scales.astype(np.float32)
+    if method == "search":
+        scales, zp = _search(blocks, scales.astype(np.float32), zp, top, symmetric)
+        scales = scales.astype(scale_dtype)
+    codes = _codes(blocks, scales.astype(np.float32), zp, top)
+    if k_blocks * block_size != k:
+        # ONNX Runtime leaves the padding's codes at 0. (Zero padding cannot change a block's
+        # scale: min(·, 0) / max(·, 0) and the largest magnitude ignore added zeros.)
+        codes.reshape(n, -1)[:, k:] = 0
+    return codes, scales, zp.astype(np.uint8)
+
+
+def _codes(blocks: np.ndarray, stored: np.ndarray, zp: np.ndarray, top: np.float32) -> np.ndarray:
+    """clamp(roundf(w · (1 / scale) + zp), 0, top) as uint8, with ONNX Runtime's arithmetic."""
     with np.errstate(divide="ignore"):
         reciprocal = np.where(stored != 0, np.float32(1) / stored, np.float32(0)).astype(np.float32)
     x = blocks * reciprocal[:, :, None]  # in place from here on: one float32 chunk of scratch
@@ -83,12 +98,62 @@ def _quantize_rows(w: np.ndarray, bits: int, block_size: int, symmetric: bool, s
     np.subtract(x, codes, out=x)
     codes += x == 0.5
     np.clip(codes, 0, top, out=codes)
-    codes = codes.astype(np.uint8)
-    if k_blocks * block_size != k:
-        # ONNX Runtime leaves the padding's codes at 0. (Zero padding cannot change a block's
-        # scale: min(·, 0) / max(·, 0) and the largest magnitude ignore added zeros.)
-        codes.reshape(n, -1)[:, k:] = 0
-    return codes, scales, zp.astype(np.uint8)
+    return codes.astype(np.uint8)
+
+
+# Scale search: the round-to-nearest scale divided by each of these (llama.cpp's make_qx_quants
+# tries max / (nmax + 0.1·i), i in −9..9). Each candidate's codes then get their least-squares scale.
+SEARCH_FACTORS = tuple(1 + 0.0125 * i for i in range(-8, 13))
+
+
+def _search(blocks: np.ndarray, scale0: np.ndarray, zp0: np.ndarray, top: np.float32, symmetric: bool):
+    """Per block, the (scale, integer zero point) of least weighted squared error among candidates.
+
+    For each candidate scale s (the RTN scale over SEARCH_FACTORS), the zero point is the
+    RTN one for that range (symmetric: fixed), the codes are round-to-nearest, and the scale is
+    then refitted by weighted least squares for those codes (a = importance, l = q − z):
+    s* = Σ a·w·l / Σ a·l², whose error is Σ a·w² − (Σ a·w·l)² / Σ a·l². The candidate with the
+    least error wins; RTN's own scale is among the candidates (factor 1), so no block gets worse
+    than RTN's codes at the refitted scale. Vectorized over the chunk, one candidate at a time.
+    """
+    best_err = np.full(scale0.shape, np.inf, np.float32)
+    best_s, best_z = scale0.copy(), zp0.copy()
+    lo = hi = None
+    if not symmetric:
+        lo, hi = _block_min_max(blocks)
+        lo, hi = np.minimum(lo, 0), np.maximum(hi, 0)
+    x = np.empty_like(blocks)
+    # llama.cpp's weighting without an importance matrix (quantize_row_q4_K_ref): the block's RMS
+    # plus the value's own magnitude, so large weights are kept closer.
+    importance = np.sqrt(np.einsum("nkb,nkb->nk", blocks, blocks) / np.float32(blocks.shape[2]))[:, :, None]
+    importance = importance + np.abs(blocks)
+    weighted = importance * blocks
+    for f in SEARCH_FACTORS:
+        s = scale0 / np.float32(f)
+        if symmetric:
+            z = zp0
+        else:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                z = np.clip(np.rint(np.where(s != 0, -lo / s, 0)), 0, top).astype(np.float32)
+        with np.errstate(divide="ignore"):
+            r = np.where(s != 0, np.float32(1) / s, np.float32(0)).astype(np.float32)
+        np.multiply(blocks, r[:, :, None], out=x)
+        x += z[:, :, None]
+        np.rint(x, out=x)
+        np.clip(x, 0, top, out=x)
+        x -= z[:, :, None]  # q − z
+        sum_xl = np.einsum("nkb,nkb->nk", weighted, x)
+        sum_ll = np.einsum("nkb,nkb,nkb->nk", importance, x, x)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            gain = np.where(sum_ll > 0, sum_xl * sum_xl / sum_ll, 0)
+        err = -gain  # Σ w² is the same for every candidate
+        better = err < best_err
+        best_err = np.where(better, err, best_err)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            fitted = np.where(sum_ll > 0, sum_xl / sum_ll, s)
+        best_s = np.where(better, fitted, best_s)
+        best_z = np.where(better, z, best_z)
+    return best_s.astype(np.float32), best_z
 
 
 def _block_min_max(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -113,7 +178,7 @@ def _pack(values: np.ndarray, bits: int, pad_value: int) -> np.ndarray:
 
 
 def quantize(rows, bits: int = 4, block_size: int = 32, symmetric: bool = True,
-             scale_dtype: np.dtype | type = np.float32) -> QuantizedMatrix:
+             scale_dtype: np.dtype | type = np.float32, method: str = "rtn") -> QuantizedMatrix:
     """Quantizes a [N, K] weight (any float dtype; arithmetic in float32), a chunk of rows at a time.
 
     Example:
@@ -123,6 +188,8 @@ def quantize(rows, bits: int = 4, block_size: int = 32, symmetric: bool = True,
     """
     if bits not in BITS:
         raise ValueError(f"bits must be one of {BITS}, got {bits}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if block_size not in BLOCK_SIZES:
         raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {block_size}")
     n, k = rows.shape
@@ -135,7 +202,7 @@ def quantize(rows, bits: int = 4, block_size: int = 32, symmetric: bool = True,
         stop = min(n, start + step)
         chunk = np.asarray(rows[start:stop], dtype=np.float32)
         release(rows[start:stop])  # a mapped source's pages for these rows are no longer needed
-        codes, s, zp = _quantize_rows(chunk, bits, block_size, symmetric, np.dtype(scale_dtype))
+        codes, s, zp = _quantize_rows(chunk, bits, block_size, symmetric, np.dtype(scale_dtype), method)
         data[start:stop] = _pack(codes, bits, 0)
         scales[start:stop] = s
         if zero_points is not None:

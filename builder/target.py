@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from dataclasses import dataclass, field
 
@@ -22,6 +23,12 @@ class Quantization:
             lm_head's quantized matrix whenever lm_head is quantized to 4 bits).
         float_layers: fnmatch patterns of module paths kept in float (`model.layers.0.*`, `*.q_proj`),
             matched against the graph's module path and the checkpoint modules the linear is made of.
+        method: how each block's scale is chosen: "rtn" (round-to-nearest, ONNX Runtime's) or
+            "search" (least squared error among candidate scales; builder.quantize).
+        int8_layers: fnmatch patterns, like float_layers, of layers quantized to 8 bits in a 4-bit
+            build (`lm_head`, `model.embed_tokens` name the vocabulary matrices).
+        mixed: the mixed-precision preset (mixed_int8_layers), resolved by with_layers once the
+            number of decoder layers is known.
     """
 
     bits: int = 4
@@ -31,6 +38,15 @@ class Quantization:
     lm_head: bool = True
     embeddings: bool = False
     float_layers: tuple[str, ...] = field(default_factory=tuple)
+    method: str = "rtn"
+    int8_layers: tuple[str, ...] = field(default_factory=tuple)
+    mixed: bool = False
+
+    def with_layers(self, num_layers: int) -> Quantization:
+        """The preset's int8 layers added to int8_layers, for a model of `num_layers` decoder layers."""
+        if not self.mixed:
+            return self
+        return dataclasses.replace(self, mixed=False, int8_layers=self.int8_layers + mixed_int8_layers(num_layers))
 
     def applies_to(self, module: str, sources: tuple[str, ...] = ()) -> bool:
         """Whether the linear layer at `module` (dotted graph path) is quantized. `sources` are the
@@ -39,6 +55,21 @@ class Quantization:
         if module == "lm_head" and not self.lm_head:
             return False
         return not any(matches(p, (module, *sources)) for p in self.float_layers)
+
+    def bits_for(self, module: str, sources: tuple[str, ...] = ()) -> int:
+        """The bits of the quantized layer at `module`: 8 where an int8_layers pattern matches."""
+        return 8 if any(matches(p, (module, *sources)) for p in self.int8_layers) else self.bits
+
+
+def mixed_int8_layers(num_layers: int) -> tuple[str, ...]:
+    """The int8 layers of the mixed preset, after llama.cpp's Q4_K_M (llama-quant.cpp,
+    `use_more_bits`): lm_head, the embedding table, and v_proj and down_proj of the first and last
+    eighth of the layers and of every third layer between. A fused qkv_proj holding v_proj goes
+    to 8 bits whole."""
+    eighth = num_layers // 8
+    more = [i for i in range(num_layers)
+            if i < eighth or i >= 7 * num_layers // 8 or (i - eighth) % 3 == 2]
+    return ("lm_head", "*embed_tokens", *(f"*layers.{i}.*{m}" for i in more for m in ("v_proj", "down_proj")))
 
 
 def matches(pattern: str, modules: tuple[str, ...]) -> bool:
@@ -74,6 +105,12 @@ class Target:
     def positions(self, max_position_embeddings: int) -> int:
         """Rows of the rotary tables: the context length asked for, else the model's."""
         return self.context_length or max_position_embeddings
+
+    def with_layers(self, num_layers: int) -> Target:
+        """The target with the quantization's per-layer choices resolved (Quantization.with_layers)."""
+        if self.quantization is None:
+            return self
+        return dataclasses.replace(self, quantization=self.quantization.with_layers(num_layers))
 
     def quantizes(self, module: str, sources: tuple[str, ...] = ()) -> bool:
         return self.quantization is not None and self.quantization.applies_to(module, sources)

@@ -85,7 +85,7 @@ def _reference_model(folder: Path, options: BuildOptions, quiet: bool = False):
     auto = (transformers.AutoModelForImageTextToText if config["architectures"][0].endswith("ConditionalGeneration")
             else transformers.AutoModelForCausalLM)
     model = auto.from_pretrained(folder, dtype=torch.float32).eval()
-    target = options.target()
+    target = options.target().with_layers(model.config.get_text_config().num_hidden_layers)
     q = target.quantization
     if q is not None:
         with torch.no_grad():
@@ -95,8 +95,9 @@ def _reference_model(folder: Path, options: BuildOptions, quiet: bool = False):
                 w = module.weight.numpy()  # shares memory with the parameter: edited in place
                 for graph_module, sources, rows in _graph_linears(name, w.shape[0]):
                     if target.quantizes(graph_module, sources):
-                        m = quantize(w[rows], q.bits, q.block_size, q.symmetric, np.float32)
-                        w[rows] = dequantize(m, w.shape[1], q.bits)
+                        bits = q.bits_for(graph_module, sources)
+                        m = quantize(w[rows], bits, q.block_size, q.symmetric, np.float32, q.method)
+                        w[rows] = dequantize(m, w.shape[1], bits)
     return model
 
 

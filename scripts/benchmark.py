@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -113,9 +114,9 @@ def floor(checkpoint: Path, bytes_out: int, scratch: Path) -> float:
     return elapsed
 
 
-def builder_cmd(checkpoint: Path, out: Path, precision: str) -> list[str]:
+def builder_cmd(checkpoint: Path, out: Path, precision: str, flags: tuple[str, ...] = ()) -> list[str]:
     return [sys.executable, "-m", "builder", "-m", str(checkpoint), "-o", str(out), "-p", precision,
-            "-e", "cpu", "-q", "--overwrite"]
+            "-e", "cpu", "-q", "--overwrite", *flags]
 
 
 def genai_cmd(checkpoint: Path, out: Path, precision: str) -> list[str]:
@@ -156,6 +157,8 @@ def main() -> int:
     ap.add_argument("--plot", type=Path, help="PNG of RSS over time")
     ap.add_argument("--json", type=Path, help="write every run's numbers here")
     ap.add_argument("--scratch", type=Path, help="where outputs go (default: a temporary folder)")
+    ap.add_argument("--builder-flags", default="", help="more flags for builder, one string: "
+                    "--builder-flags='--quant-method search'")
     args = ap.parse_args()
 
     bytes_in = sum(f.stat().st_size for f in args.checkpoint.glob("*.safetensors"))
@@ -164,7 +167,8 @@ def main() -> int:
     cold = drop_caches()
     print(f"checkpoint {args.checkpoint} ({bytes_in / 1e9:.2f} GB), {os.cpu_count()} cores, "
           f"page cache {'dropped before each run' if cold else 'NOT dropped (not root): warm runs'}")
-    tools = [("builder", builder_cmd)] + ([("onnxruntime-genai", genai_cmd)] if args.compare else [])
+    flags = tuple(shlex.split(args.builder_flags))
+    tools = [("builder", lambda c, o, p: builder_cmd(c, o, p, flags))] + ([("onnxruntime-genai", genai_cmd)] if args.compare else [])
     runs: list[Run] = []
     floors: dict[str, list[float]] = {}
     for precision in args.precision:

@@ -13,6 +13,11 @@ import transformers
 from helpers import PROMPT, OnnxDecoder, relative_error
 from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmul_8bits
 
+from builder.options import PRECISION_DEFAULTS
+from builder.quantize import dequantize, quantize
+from builder.target import Quantization
+from builder.verify import _graph_linears
+
 
 def fake_quantize(weight: torch.Tensor, bits: int, block_size: int, symmetric: bool) -> torch.Tensor:
     """dequantize(quantize(W)) for a Hugging Face [N, K] weight."""
@@ -36,12 +41,23 @@ def fake_quantize(weight: torch.Tensor, bits: int, block_size: int, symmetric: b
 
 
 def fake_quantize_model(model: torch.nn.Module, bits: int = 4, block_size: int = 32, symmetric: bool = True,
-                        lm_head: bool = True) -> None:
-    """Rounds every decoder Linear (and lm_head) in place; a tied embedding follows its lm_head."""
+                        lm_head: bool = True, method: str = "rtn", int8_layers: tuple[str, ...] = ()) -> None:
+    """Rounds every decoder Linear (and lm_head) in place; a tied embedding follows its lm_head.
+    RTN goes through ONNX Runtime's quantizer; other methods through builder.quantize. Layers an
+    int8_layers pattern names (by the graph's module or its checkpoint modules) get 8 bits."""
+    q = Quantization(bits, block_size, symmetric, int8_layers=tuple(int8_layers))
     with torch.no_grad():
         for name, module in model.named_modules():
-            if isinstance(module, torch.nn.Linear) and (lm_head or name != "lm_head"):
-                module.weight.copy_(fake_quantize(module.weight, bits, block_size, symmetric))
+            if not isinstance(module, torch.nn.Linear) or (not lm_head and name == "lm_head"):
+                continue
+            w = module.weight
+            for graph_module, sources, rows in _graph_linears(name, w.shape[0]):
+                b = q.bits_for(graph_module, sources)
+                if method == "rtn":
+                    w[rows] = fake_quantize(w[rows], b, block_size, symmetric)
+                else:
+                    m = quantize(w[rows].detach().numpy(), b, block_size, symmetric, np.float32, method)
+                    w[rows] = torch.from_numpy(dequantize(m, w.shape[1], b))
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -49,9 +65,13 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
-def reference(source, bits, block_size, symmetric, lm_head=True, ids=PROMPT):
+def reference(source, bits, block_size, symmetric=None, lm_head=True, ids=PROMPT, method=None, int8_layers=()):
+    """transformers on fake-quantized weights; symmetric and method None: the precision's defaults."""
+    defaults = PRECISION_DEFAULTS[f"int{bits}"]  # what a build does when not told
+    symmetric = defaults["symmetric"] if symmetric is None else symmetric
+    method = defaults["quant_method"] if method is None else method
     model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
-    fake_quantize_model(model, bits, block_size, symmetric, lm_head)
+    fake_quantize_model(model, bits, block_size, symmetric, lm_head, method, int8_layers)
     with torch.no_grad():
         prefill = model(torch.tensor([ids]), use_cache=True)
         next_id = int(prefill.logits[0, -1].argmax())
@@ -63,12 +83,13 @@ def op_histogram(folder):
     return collections.Counter(n.op_type for n in onnx.load(folder / "model.onnx", load_external_data=False).graph.node)
 
 
-def assert_quantized_parity(source, out, bits=4, block_size=32, symmetric=True, lm_head=True, exact=False, ids=PROMPT):
+def assert_quantized_parity(source, out, bits=4, block_size=32, symmetric=None, lm_head=True, exact=False, ids=PROMPT,
+                            method=None, int8_layers=()):
     """accuracy_level 4 (the cpu default) also rounds activations to int8 inside MatMulNBits, which
     the fake-quantized reference does not: cosine similarity is the measure (measured 0.99997 on
     the tiny Llama, against 0.988 for the unquantized reference). With accuracy_level 0 the
     arithmetic is float32 and the logits must equal the reference's to float32 precision."""
-    ref_prefill, ref_step, next_id = reference(source, bits, block_size, symmetric, lm_head, ids)
+    ref_prefill, ref_step, next_id = reference(source, bits, block_size, symmetric, lm_head, ids, method, int8_layers)
     prefill, step = OnnxDecoder(out).prefill_and_step(ids, next_id)
     for name, got, want in (("prefill", prefill, ref_prefill), ("decode", step, ref_step)):
         c = cosine(got, want)

@@ -35,14 +35,16 @@ def test_int4_matches_fake_quantized_transformers(name, accuracy_level, tmp_path
 
 @pytest.mark.parametrize("flags, bits, block_size, symmetric", [
     (["-p", "int4", "--asymmetric", "--block-size", "16"], 4, 16, False),
-    (["-p", "int4", "--block-size", "64", "--accuracy-level", "0"], 4, 64, True),
+    (["-p", "int4", "--block-size", "64", "--accuracy-level", "0", "--symmetric"], 4, 64, True),
+    (["-p", "int4", "--quant-method", "rtn", "--symmetric", "--accuracy-level", "0"], 4, 32, True),
     (["-p", "int4", "--block-size", "256", "--asymmetric", "--accuracy-level", "0"], 4, 256, False),
     (["-p", "int8"], 8, 32, True),
     (["-p", "int8", "--asymmetric", "--block-size", "128"], 8, 128, False),
 ])
 def test_quantization_options(tmp_path, tiny_llama, flags, bits, block_size, symmetric):
     out = build(tiny_llama, tmp_path / "out", *flags)
-    assert_quantized_parity(tiny_llama, out, bits, block_size, symmetric, exact="0" in flags)
+    method = "rtn" if "rtn" in flags else None  # None: the precision's default
+    assert_quantized_parity(tiny_llama, out, bits, block_size, symmetric, exact="0" in flags, method=method)
     model = onnx.load(out / "model.onnx", load_external_data=False)
     for node in (n for n in model.graph.node if n.op_type == "MatMulNBits"):
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
@@ -78,7 +80,7 @@ def test_quantized_embeddings_untied(tmp_path, tiny_llama):
     ops = op_histogram(out)
     assert ops["GatherBlockQuantized"] == 1 and "Gather" not in ops
     # The lookup's rounding is not in the fake-quantized reference; top-1 must still agree.
-    ref_prefill, _, next_id = reference(tiny_llama, 4, 32, True)
+    ref_prefill, _, next_id = reference(tiny_llama, 4, 32)  # the int4 defaults
     prefill, _ = OnnxDecoder(out).prefill_and_step(PROMPT, next_id)
     assert cosine(prefill, ref_prefill) > 0.99
 

@@ -1,13 +1,13 @@
-"""Token embedding lookup: a float table, or rows gathered straight from a 4-bit quantized matrix."""
+"""Token embedding lookup: a float table, or rows gathered straight from a 4- or 8-bit quantized matrix."""
 
 from __future__ import annotations
 
 import onnx_ir as ir
 
-from builder.blocks.linear import QuantizedValues, quantized_weight, stored_bits
+from builder.blocks.linear import QuantizedValues, quantized_weight
 from builder.graph import Graph
 from builder.lazy import Weight
-from builder.target import Target
+from builder.target import Target, source_modules
 
 
 def embedding(
@@ -17,13 +17,20 @@ def embedding(
     """Gathers rows of the [vocab, hidden] matrix; `scale` multiplies the result (Gemma's √hidden).
 
     `shared` (blocks.shared_vocabulary's, for tied embeddings) is the float table to gather from,
-    or lm_head's 4-bit matrix, which makes the lookup a GatherBlockQuantized over it;
-    with Quantization.embeddings set, an untied table is quantized for the lookup alone. The scale
+    or lm_head's quantized matrix, which makes the lookup a GatherBlockQuantized over it;
+    with Quantization.embeddings set, or the table among int8_layers, an untied table is quantized
+    for the lookup alone (at the bits Quantization.bits_for gives `model.embed_tokens`). The scale
     is rounded to the IO dtype first, as Hugging Face does with its `normalizer` buffer.
     """
     q = target.quantization
-    if shared is None and q is not None and q.embeddings and stored_bits(weight, q) == 4:
-        shared = quantized_weight(g, weight, q, target.io_dtype)
+    if shared is None and q is not None:
+        if weight.blocks is not None:  # stored pre-quantized (GGUF): gathered as stored when asked
+            bits, wanted = weight.blocks.bits, q.embeddings
+        else:
+            bits = q.bits_for("model.embed_tokens", source_modules(weight.sources))
+            wanted = (q.embeddings and q.bits == 4) or (q.bits == 4 and bits == 8)
+        if wanted:
+            shared = quantized_weight(g, weight, q, target.io_dtype, bits)
     if isinstance(shared, QuantizedValues):
         x = _gather_quantized(g, input_ids, shared, target)
     else:
@@ -36,10 +43,10 @@ def embedding(
 
 def _gather_quantized(g: Graph, input_ids: ir.Value, m: QuantizedValues, target: Target) -> ir.Value:
     q = target.quantization
-    bits, block_size = m.bits or q.bits, m.block_size or q.block_size
+    bits, block_size = m.bits, m.block_size or q.block_size
     k_blocks = -(-m.k // block_size)
     padded = k_blocks * block_size
-    # MatMulNBits' B [N, k_blocks, block_size/2] holds the same bytes as rows of [N, padded/2].
+    # MatMulNBits' B [N, k_blocks, block_size·bits/8] holds the same bytes as rows of [N, padded·bits/8].
     data = g.op.Reshape(m.data, g.constant([m.n, padded * bits // 8], "int64"))
     x = g.ms.GatherBlockQuantized(
         data, input_ids, m.scales, m.zero_points,

@@ -28,8 +28,8 @@ class QuantizedValues:
     zero_points: ir.Value | None  # uint8 [N, ceil(k_blocks·bits/8)]
     n: int
     k: int
-    bits: int | None = None  # a pre-quantized weight's own bits and block size; None: the build's
-    block_size: int | None = None
+    bits: int
+    block_size: int | None = None  # a pre-quantized weight's own block size; None: the build's
 
 
 def stored_bits(weight: Weight, q: Quantization) -> int:
@@ -42,17 +42,19 @@ def module_name(g: Graph) -> str:
     return g.path.strip("/").replace("/", ".")
 
 
-def quantized_weight(g: Graph, weight: Weight, q: Quantization, scale_dtype: np.dtype) -> QuantizedValues:
-    """Registers B, scales (and zero points) as lazy initializers sharing one quantization.
-    A weight the checkpoint stores already quantized (`weight.blocks`) is written as it is stored,
-    with its own bits and block size: no float round trip."""
+def quantized_weight(g: Graph, weight: Weight, q: Quantization, scale_dtype: np.dtype,
+                     bits: int | None = None) -> QuantizedValues:
+    """Registers B, scales (and zero points) as lazy initializers sharing one quantization, to
+    `bits` (default: the build's). A weight the checkpoint stores already quantized
+    (`weight.blocks`) is written as it is stored, with its own bits and block size: no float round trip."""
     if weight.blocks is not None:
         return _stored_blocks(g, weight, scale_dtype)
+    bits = bits or q.bits
     n, k = weight.shape
-    data_shape, scales_shape, zp_shape = packed_shapes(n, k, q.bits, q.block_size)
+    data_shape, scales_shape, zp_shape = packed_shapes(n, k, bits, q.block_size)
 
     def compute() -> dict[str, np.ndarray]:
-        m = weight.apply(lambda rows: quantize(rows, q.bits, q.block_size, q.symmetric, scale_dtype))
+        m = weight.apply(lambda rows: quantize(rows, bits, q.block_size, q.symmetric, scale_dtype, q.method))
         parts = {"data": m.data, "scales": m.scales}
         if m.zero_points is not None:
             parts["zero_points"] = m.zero_points
@@ -73,6 +75,7 @@ def quantized_weight(g: Graph, weight: Weight, q: Quantization, scale_dtype: np.
         zero_points=None if q.symmetric else register("zero_points", zp_shape, np.uint8),
         n=n,
         k=k,
+        bits=bits,
     )
 
 
@@ -108,12 +111,13 @@ def linear(
     module, sources = module_name(g), source_modules(weight.sources)
     g.linears[module] = sources if quantized is None else ()  # what --float-layers patterns may name
     if quantized is None and target.quantizes(module, sources):
-        quantized = quantized_weight(g, weight, target.quantization, target.io_dtype)
+        bits = target.quantization.bits_for(module, sources)
+        quantized = quantized_weight(g, weight, target.quantization, target.io_dtype, bits)
     if quantized is not None:
         q = target.quantization
         y = g.ms.MatMulNBits(
             x, quantized.data, quantized.scales, quantized.zero_points,
-            K=quantized.k, N=quantized.n, bits=quantized.bits or q.bits,
+            K=quantized.k, N=quantized.n, bits=quantized.bits,
             block_size=quantized.block_size or q.block_size, accuracy_level=q.accuracy_level,
         )
     else:

@@ -8,7 +8,7 @@ from builder.blocks.linear import QuantizedValues, linear, quantized_weight, sto
 from builder.graph import Graph
 from builder.io import logits_dtype
 from builder.lazy import Weight
-from builder.target import Target
+from builder.target import Target, source_modules
 
 Shared = QuantizedValues | ir.Value
 
@@ -18,17 +18,18 @@ def shared_vocabulary(g: Graph, weight: Weight, target: Target) -> Shared | None
 
     A 4-bit lm_head's quantized matrix (the lookup gathers from it with GatherBlockQuantized), or —
     when lm_head stays in float — the [vocab, hidden] table itself, which lm_head multiplies
-    transposed (FusedMatMul transB=1) instead of storing a transposed copy. None for an 8-bit
-    lm_head: GatherBlockQuantized reads 4-bit data only, so the lookup keeps its own float table.
+    transposed (FusedMatMul transB=1) instead of storing a transposed copy. An int8 build's lm_head
+    is not shared (its lookup keeps its own float table, as before); an int8 lm_head in an int4
+    build (int8_layers, the mixed preset) is: ONNX Runtime's GatherBlockQuantized reads 8 bits too.
     """
     if not target.quantizes("lm_head"):
         with g.scope("model", "embed_tokens"):
             return g.weight("weight", weight.astype(target.io_dtype))
     q = target.quantization
-    if stored_bits(weight, q) != 4:
+    if q.bits != 4 or stored_bits(weight, q) != 4:  # int8 builds, and 8-bit blocks stored pre-quantized
         return None
     with g.scope("lm_head"):
-        return quantized_weight(g, weight, q, target.io_dtype)
+        return quantized_weight(g, weight, q, target.io_dtype, q.bits_for("lm_head", source_modules(weight.sources)))
 
 
 def lm_head(
