@@ -31,6 +31,24 @@ BITS = (4, 8)
 METHODS = ("rtn", "search")
 # Elements quantized at a time (whole rows): bounds the float32 temporaries to ~4 MB each.
 ROW_CHUNK_ELEMENTS = 1 << 20
+# The compiled kernels (builder/_kernel.py) when numba is installed; tests switch this off to run
+# the numpy path, which gives the same bytes.
+USE_KERNEL = True
+# Smaller matrices stay on numpy (same bytes): a small model's build then never pays numba's ~0.5 s
+# import and cache load.
+KERNEL_MIN_ELEMENTS = 1 << 20
+_KERNEL: list = []
+
+
+def _kernel():
+    """builder._kernel, or None without numba. Imported on first use: numba takes ~0.3 s to import."""
+    if not _KERNEL:
+        try:
+            from builder import _kernel as kernel
+        except ImportError:
+            kernel = None
+        _KERNEL.append(kernel)
+    return _KERNEL[0]
 
 
 @dataclass(frozen=True)
@@ -66,6 +84,9 @@ def _quantize_rows(w: np.ndarray, bits: int, block_size: int, symmetric: bool, s
     top = np.float32((1 << bits) - 1)
     if symmetric:
         m = np.where(np.abs(hi) > np.abs(lo), hi, lo)
+        # An all-zero block: ONNX Runtime's min and max keep the first of equal values, so a block
+        # of ±0 takes its first element's sign (its scale's sign bit is in the output's bytes).
+        m = np.where(m == 0, blocks[:, :, 0], m)
         scales = (-m / np.float32(1 << (bits - 1))).astype(scale_dtype)
         zp = np.full((n, k_blocks), 1 << (bits - 1), np.float32)
     else:
@@ -86,6 +107,22 @@ def _quantize_rows(w: np.ndarray, bits: int, block_size: int, symmetric: bool, s
     return codes, scales, zp.astype(np.uint8)
 
 
+def _quantize_rows_compiled(kernel, w: np.ndarray, data: np.ndarray, bits: int, block_size: int, symmetric: bool,
+                            scale_dtype: np.dtype, method: str):
+    """_quantize_rows by the compiled kernels, writing the packed codes into `data`; returns (scales, zero points)."""
+    n = w.shape[0]
+    scales = np.empty((n, data.shape[1]), np.float32)
+    zps = np.empty_like(scales)
+    kernel.block_params(w, block_size, bits, symmetric, scales, zps)
+    stored = scales.astype(scale_dtype)
+    if method == "search":
+        scales = stored.astype(np.float32)
+        kernel.search(w, block_size, bits, symmetric, _SEARCH_FACTORS_F32, scales, zps)
+        stored = scales.astype(scale_dtype)
+    kernel.encode(w, block_size, bits, stored.astype(np.float32), zps, data)
+    return stored, zps.astype(np.uint8)
+
+
 def _codes(blocks: np.ndarray, stored: np.ndarray, zp: np.ndarray, top: np.float32) -> np.ndarray:
     """clamp(roundf(w · (1 / scale) + zp), 0, top) as uint8, with ONNX Runtime's arithmetic."""
     with np.errstate(divide="ignore"):
@@ -104,6 +141,7 @@ def _codes(blocks: np.ndarray, stored: np.ndarray, zp: np.ndarray, top: np.float
 # Scale search: the round-to-nearest scale divided by each of these (llama.cpp's make_qx_quants
 # tries max / (nmax + 0.1·i), i in −9..9). Each candidate's codes then get their least-squares scale.
 SEARCH_FACTORS = tuple(1 + 0.0125 * i for i in range(-8, 13))
+_SEARCH_FACTORS_F32 = np.array(SEARCH_FACTORS, np.float32)
 
 
 def _search(blocks: np.ndarray, scale0: np.ndarray, zp0: np.ndarray, top: np.float32, symmetric: bool):
@@ -122,10 +160,10 @@ def _search(blocks: np.ndarray, scale0: np.ndarray, zp0: np.ndarray, top: np.flo
     if not symmetric:
         lo, hi = _block_min_max(blocks)
         lo, hi = np.minimum(lo, 0), np.maximum(hi, 0)
-    x = np.empty_like(blocks)
+    x, scratch = np.empty_like(blocks), np.empty_like(blocks)
     # llama.cpp's weighting without an importance matrix (quantize_row_q4_K_ref): the block's RMS
     # plus the value's own magnitude, so large weights are kept closer.
-    importance = np.sqrt(np.einsum("nkb,nkb->nk", blocks, blocks) / np.float32(blocks.shape[2]))[:, :, None]
+    importance = np.sqrt(_block_sum(blocks * blocks) / np.float32(blocks.shape[2]))[:, :, None]
     importance = importance + np.abs(blocks)
     weighted = importance * blocks
     for f in SEARCH_FACTORS:
@@ -142,8 +180,10 @@ def _search(blocks: np.ndarray, scale0: np.ndarray, zp0: np.ndarray, top: np.flo
         np.rint(x, out=x)
         np.clip(x, 0, top, out=x)
         x -= z[:, :, None]  # q − z
-        sum_xl = np.einsum("nkb,nkb->nk", weighted, x)
-        sum_ll = np.einsum("nkb,nkb,nkb->nk", importance, x, x)
+        sum_xl = _block_sum(weighted * x)
+        np.multiply(importance, x, out=scratch)
+        scratch *= x
+        sum_ll = _block_sum(scratch)
         with np.errstate(divide="ignore", invalid="ignore"):
             gain = np.where(sum_ll > 0, sum_xl * sum_xl / sum_ll, 0)
         err = -gain  # Σ w² is the same for every candidate
@@ -154,6 +194,16 @@ def _search(blocks: np.ndarray, scale0: np.ndarray, zp0: np.ndarray, top: np.flo
         best_s = np.where(better, fitted, best_s)
         best_z = np.where(better, z, best_z)
     return best_s.astype(np.float32), best_z
+
+
+def _block_sum(x: np.ndarray) -> np.ndarray:
+    """Per-block sum by halving: a fixed order of float32 additions that the compiled kernel repeats."""
+    half = x.shape[2] // 2
+    s = x[:, :, :half] + x[:, :, half:]
+    while half > 1:
+        half //= 2
+        s[:, :, :half] += s[:, :, half : 2 * half]
+    return s[:, :, 0]
 
 
 def _block_min_max(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -202,8 +252,13 @@ def quantize(rows, bits: int = 4, block_size: int = 32, symmetric: bool = True,
         stop = min(n, start + step)
         chunk = np.asarray(rows[start:stop], dtype=np.float32)
         release(rows[start:stop])  # a mapped source's pages for these rows are no longer needed
-        codes, s, zp = _quantize_rows(chunk, bits, block_size, symmetric, np.dtype(scale_dtype), method)
-        data[start:stop] = _pack(codes, bits, 0)
+        kernel = _kernel() if USE_KERNEL and n * k >= KERNEL_MIN_ELEMENTS else None
+        if kernel is not None:
+            s, zp = _quantize_rows_compiled(kernel, chunk, data[start:stop], bits, block_size, symmetric,
+                                            np.dtype(scale_dtype), method)
+        else:
+            codes, s, zp = _quantize_rows(chunk, bits, block_size, symmetric, np.dtype(scale_dtype), method)
+            data[start:stop] = _pack(codes, bits, 0)
         scales[start:stop] = s
         if zero_points is not None:
             zero_points[start:stop] = _pack(zp, bits, 1 << (bits - 1))

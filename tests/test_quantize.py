@@ -5,6 +5,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
+import builder.quantize as quantize_module
 from builder.quantize import BLOCK_SIZES, dequantize, quantize, round_half_away
 
 # (K, N): K a multiple of every block size, or not (the last block zero-padded). K is even: for an
@@ -33,17 +34,25 @@ def ort_quantize(w_kn: np.ndarray, bits: int, block_size: int, symmetric: bool):
     return b, scales, zp, attrs
 
 
+@pytest.mark.parametrize("path", ["kernel", "numpy"])
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
-def test_bit_exact_with_onnxruntime_quantizer(bits, symmetric, block_size, dtype):
+def test_bit_exact_with_onnxruntime_quantizer(monkeypatch, bits, symmetric, block_size, dtype, path):
+    # Both of builder's paths: the compiled kernel (numba, an optional extra) and the numpy fallback.
+    if path == "kernel" and quantize_module._kernel() is None:
+        pytest.skip("numba is not installed")
+    monkeypatch.setattr(quantize_module, "USE_KERNEL", path == "kernel")
+    monkeypatch.setattr(quantize_module, "KERNEL_MIN_ELEMENTS", 0)
     rng = np.random.default_rng(block_size + bits)
     for k, n in SHAPES:
         w = (rng.standard_normal((k, n)) * rng.uniform(0.01, 2)).astype(dtype)
         w[:16, 0] = np.array([0.5, -0.5] * 8)  # magnitude ties: the negative value must win
         w[:, 1] = 0  # all-zero blocks: scale 0
         w[:, 2] = np.abs(w[:, 2])  # one-signed blocks
+        w[:, 3] = 0
+        w[::3, 3] = -0.0  # blocks of +0 and −0: the scale's sign bit is the first element's
         b, scales, zp, attrs = ort_quantize(w, bits, block_size, symmetric)
         ours = quantize(w.T, bits, block_size, symmetric, dtype)  # Hugging Face layout [N, K]
         assert attrs["K"] == k and attrs["N"] == n and attrs["bits"] == bits and attrs["block_size"] == block_size
