@@ -37,6 +37,7 @@ ARCHITECTURES: dict[str, str] = {
     "SeedOssForCausalLM": "llama",
     "Ernie4_5ForCausalLM": "llama",
     "GraniteForCausalLM": "granite",
+    "GraniteMoeForCausalLM": "granite",
     "SmolLM3ForCausalLM": "smollm3",
     "GptOssForCausalLM": "gpt_oss",
     "Qwen2MoeForCausalLM": "moe",

@@ -63,6 +63,21 @@ def stacked(weights: Sequence[Weight], dtype: np.dtype) -> Weight:
     return Weight.filled((len(weights), *weights[0].shape), dtype, fill, _sources(weights))
 
 
+def unstacked(stacked: Weight, start: int = 0, stop: int | None = None) -> list[Weight]:
+    """A checkpoint's stacked [E, N, K] expert tensor as E lazy [stop − start, K] matrices (rows
+    [start, stop) of each expert: Granite MoE's input_linear holds the gate rows, then the up rows);
+    each copies only its own expert's rows when written."""
+    e, n, k = stacked.shape
+    stop = n if stop is None else stop
+
+    def one(x: int) -> Weight:
+        rows = stacked.slice(0, x, x + 1).slice(1, start, stop)  # (1, stop − start, K), a view
+        return Weight((stop - start, k), stacked.dtype, lambda _: rows.apply(lambda a: np.ascontiguousarray(a[0])),
+                      stacked.sources)
+
+    return [one(x) for x in range(e)]
+
+
 def quantized_experts(g: Graph, parts: Sequence[Sequence[Weight]], q: Quantization, scale_dtype: np.dtype,
                       sources: tuple[str, ...]) -> tuple[ir.Value, ir.Value, ir.Value | None]:
     """QMoE's (weights [E, N, K·bits/8], scales [E, N, K/block], zero points) for experts whose rows
@@ -158,4 +173,4 @@ def _experts(g: Graph, x: ir.Value, logits: ir.Value, gate: Sequence[Weight], up
         return g.ms.MoE(x, logits, w1, None, w2, **attributes)
 
 
-__all__ = ["quantized_experts", "sparse_moe", "stacked", "stacked_gate_up"]
+__all__ = ["quantized_experts", "sparse_moe", "stacked", "stacked_gate_up", "unstacked"]
