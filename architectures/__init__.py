@@ -44,6 +44,7 @@ ARCHITECTURES: dict[str, str] = {
     "Qwen3MoeForCausalLM": "moe",
     "MixtralForCausalLM": "moe",
     "OlmoeForCausalLM": "moe",
+    "PhimoeForCausalLM": "phimoe",
 }
 
 

@@ -14,7 +14,7 @@ from test_family_moe import fake_quantize_experts, router_logits
 from test_genai import assert_same_greedy
 
 import architectures
-from builder.blocks.moe import unstacked
+from builder.blocks.moe import sparsemixer, unstacked
 from builder.lazy import Weight
 
 BASE = {**TINY, "eos_token_id": 255}
@@ -23,8 +23,11 @@ VARIANTS = {
     "granitemoe": ("GraniteMoeConfig", dict(num_local_experts=6, num_experts_per_tok=2, embedding_multiplier=3.0,
                                             residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=0.25,
                                             attention_bias=True)),
+    # Phi-MoE: sparsemixer routing, LayerNorms, q/k/v/o and lm_head biases, a window shorter than the prompt.
+    "phimoe": ("PhimoeConfig", dict(num_local_experts=6, attention_bias=True, lm_head_bias=True, sliding_window=4,
+                                    router_jitter_noise=0.3)),
 }
-ROUTERS = ("block_sparse_moe.router.layer.weight",)
+ROUTERS = ("block_sparse_moe.router.layer.weight", "block_sparse_moe.gate.weight")
 ROUTER_SCALE = 30.0  # random routers are near-uniform; scaled up, their top-k choices are decisive
 
 
@@ -64,7 +67,11 @@ def test_fp32_matches_transformers(variant, tmp_path):
 def test_int4_matches_fake_quantized_transformers(variant, tmp_path):
     out = build(variant, tmp_path / "out", "-p", "int4", "--accuracy-level", "0")
     model = transformers.AutoModelForCausalLM.from_pretrained(variant, dtype=torch.float32).eval()
-    fake_quantize_experts(model)
+    routers = {n: m.weight.clone() for n, m in model.named_modules() if type(m).__name__.endswith("TopKRouter")}
+    fake_quantize_experts(model)  # quantizes every nn.Linear: Phi-MoE's router is one, and stays float
+    with torch.no_grad():
+        for name, weight in routers.items():
+            model.get_submodule(name).weight.copy_(weight)
     with torch.no_grad():
         prefill = model(torch.tensor([PROMPT]), use_cache=True)
         next_id = int(prefill.logits[0, -1].argmax())
@@ -82,6 +89,11 @@ def test_genai_greedy_matches_transformers(variant, tmp_path):
     ("GraniteMoeConfig", {}),
     ("GraniteMoeConfig", dict(num_key_value_heads=4, embedding_multiplier=12.0, logits_scaling=8.0,
                               rope_scaling={"type": "linear", "factor": 2.0}, num_local_experts=32)),
+    ("PhimoeConfig", {}),
+    ("PhimoeConfig", dict(sliding_window=2048, attention_bias=True, lm_head_bias=True, router_jitter_noise=0.05,
+                          rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 64, "long_factor": [2.0] * 64,
+                                        "short_mscale": 1.2, "long_mscale": 1.2,
+                                        "original_max_position_embeddings": 4096})),
 ])
 def test_matches_transformers_config(name, config):
     hf = getattr(transformers, name)(**config)
@@ -92,12 +104,18 @@ def test_matches_transformers_config(name, config):
                 "bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings", "attention_bias",
                 *SPECIFIC[name]):
         assert getattr(c, key) == getattr(hf, key), key
-    assert c.rope_parameters == hf.rope_parameters
+    expected_rope = dict(hf.rope_parameters)
+    if expected_rope.get("short_mscale"):  # PhimoeRotaryEmbedding scales cos/sin by it, not by the factor
+        expected_rope["attention_factor"] = expected_rope["short_mscale"]
+    assert c.rope_parameters == expected_rope
+    window = getattr(hf, "sliding_window", None)
+    assert [c.window(i) for i in range(c.num_hidden_layers)] == [window] * c.num_hidden_layers
 
 
 SPECIFIC = {
     "GraniteMoeConfig": ("num_local_experts", "embedding_multiplier", "residual_multiplier", "attention_multiplier",
                          "logits_scaling"),
+    "PhimoeConfig": ("num_local_experts", "router_jitter_noise", "lm_head_bias", "sliding_window"),
 }
 
 
@@ -107,3 +125,16 @@ def test_unstacked_splits_each_expert_alone():
     assert [w.shape for w in gates + ups] == [(2, 2)] * 6
     assert np.array_equal(ups[1].numpy(), stacked.numpy()[1, 2:])
     assert np.array_equal(gates[2].numpy(), stacked.numpy()[2, :2])
+
+
+def test_sparsemixer_matches_transformers():
+    # Logits with a few experts within the 2·eps band of each choice, and some far below it.
+    from test_blocks import run
+    from transformers.models.phimoe.modeling_phimoe import sparsemixer as reference
+
+    scores = np.random.default_rng(0).standard_normal((2, 5, 8)).astype(np.float32) * 2
+    got_index, got_weight = run(lambda g, x: list(sparsemixer(g, x, 0.2)), scores)
+    want_weight, want_index = reference(torch.from_numpy(scores).reshape(-1, 8), 0.2, training=False)
+    assert np.array_equal(got_index.reshape(-1, 2), want_index.numpy())
+    np.testing.assert_allclose(got_weight.reshape(-1, 2), want_weight.numpy(), rtol=1e-6)
+    assert 0.05 < (want_weight.numpy() < 0.999).mean() < 0.95  # both lone and shared choices occur
