@@ -37,12 +37,14 @@ ARCHITECTURES: dict[str, str] = {
     "SeedOssForCausalLM": "llama",
     "Ernie4_5ForCausalLM": "llama",
     "GraniteForCausalLM": "granite",
+    "GraniteMoeForCausalLM": "granite",
     "SmolLM3ForCausalLM": "smollm3",
     "GptOssForCausalLM": "gpt_oss",
     "Qwen2MoeForCausalLM": "moe",
     "Qwen3MoeForCausalLM": "moe",
     "MixtralForCausalLM": "moe",
     "OlmoeForCausalLM": "moe",
+    "PhimoeForCausalLM": "phimoe",
 }
 
 

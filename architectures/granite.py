@@ -1,10 +1,14 @@
-"""IBM Granite 3 (GraniteForCausalLM): Llama's decoder with four scalar multipliers.
+"""IBM Granite 3 (GraniteForCausalLM) and Granite MoE (GraniteMoeForCausalLM): Llama's decoder with
+four scalar multipliers.
 
-Reference: transformers/models/granite/modeling_granite.py. Apart from Llama:
+Reference: transformers/models/granite{,moe}/modeling_granite{,moe}.py. Apart from Llama:
 - the embeddings are multiplied by `embedding_multiplier`;
 - each branch joins the residual scaled: x + h · `residual_multiplier`;
 - the attention scale is `attention_multiplier` (not 1/√head_dim);
 - the logits are divided by `logits_scaling`.
+Granite MoE's MLP is Mixtral's sparse block (`block_sparse_moe`): softmax over the top-k router
+logits, which is ONNX Runtime's MoE router exactly (builder/blocks/moe.py); its checkpoints stack
+the experts (`input_linear` [E, 2I, H], gate rows then up rows; `output_linear` [E, H, I]).
 Scales on activations stay in the graph (the weights are written as they are, so quantization
 rounds the checkpoint's own values).
 """
@@ -23,14 +27,20 @@ from builder.blocks import (
     rotary_tables,
     self_attention,
     sequence_lengths,
+    sparse_moe,
 )
+from builder.blocks.moe import unstacked
 from builder.checkpoint import Checkpoint
 from builder.graph import Graph
 from builder.hf_config import from_dict, rope_parameters
 from builder.io import DecoderIO, logits_dtype
 from builder.target import Target
 
-VARIANTS: dict[str, dict[str, Any]] = {"GraniteForCausalLM": {}}
+VARIANTS: dict[str, dict[str, Any]] = {"GraniteForCausalLM": {}, "GraniteMoeForCausalLM": dict(model_type="granitemoe")}
+
+# genai 0.18 has no "granitemoe"; "granite" is the same decoder contract (a plain KV-cache decoder).
+STRUCTURE: dict[str, dict[str, Any]] = {"GraniteForCausalLM": {}, "GraniteMoeForCausalLM": dict(model_type="granite",
+                                                                                                 moe=True)}
 
 IGNORED = ("model.layers.*.self_attn.rotary_emb.inv_freq",)
 
@@ -58,9 +68,12 @@ class GraniteConfig:
     logits_scaling: float = 1.0
     residual_multiplier: float = 1.0
     attention_multiplier: float = 1.0
+    num_local_experts: int = 8  # GraniteMoeConfig's
+    num_experts_per_tok: int = 2
     bos_token_id: int | None = 1
     eos_token_id: int | list[int] | None = 2
     pad_token_id: int | None = None
+    moe: bool = False  # the modeling file's: a sparse block of experts in place of the MLP
 
     def __post_init__(self) -> None:
         if self.num_key_value_heads is None:
@@ -74,14 +87,30 @@ class GraniteConfig:
 
 def parse_config(raw: dict[str, Any], architecture: str) -> GraniteConfig:
     max_pos = raw.get("max_position_embeddings", 2048)
-    return from_dict(GraniteConfig, raw, VARIANTS[architecture], rope_parameters=rope_parameters(raw, max_pos))
+    return from_dict(GraniteConfig, raw, VARIANTS[architecture], rope_parameters=rope_parameters(raw, max_pos),
+                     **STRUCTURE[architecture])
+
+
+def mlp(g: Graph, h, w: Weights, c: GraniteConfig, target: Target):
+    """GraniteMLP.forward, or GraniteMoeMoE.forward (softmax over the top-k router logits), in its scope."""
+    H, I = c.hidden_size, c.intermediate_size
+    if c.moe:
+        m, E = w.under("block_sparse_moe."), c.num_local_experts
+        fused = m("input_linear.weight", E, 2 * I, H)  # (E, 2I, H): chunk(2) gives gate, then up
+        return sparse_moe(g, h, m("router.layer.weight", E, H), unstacked(fused, 0, I), unstacked(fused, I),
+                          unstacked(m("output_linear.weight", E, H, I)), c.num_experts_per_tok, True, c.hidden_act,
+                          target, router_name="router")
+    m = w.under("mlp.")
+    biases = (m("gate_proj.bias", I), m("up_proj.bias", I), m("down_proj.bias", H)) if c.mlp_bias else None
+    return gated_mlp(g, h, m("gate_proj.weight", I, H), m("up_proj.weight", I, H), m("down_proj.weight", H, I),
+                     c.hidden_act, target, biases)
 
 
 def decoder_layer(g: Graph, stream: ResidualStream, w: Weights, c: GraniteConfig, i: int, past, lengths, rotary,
                   target: Target):
-    """GraniteDecoderLayer.forward: x + attn(norm(x)) · m, then x + mlp(norm(x)) · m, with m the
-    residual_multiplier; returns the layer's KV."""
-    H, D, I = c.hidden_size, c.head_dim, c.intermediate_size
+    """GraniteDecoderLayer/GraniteMoeDecoderLayer.forward: x + attn(norm(x)) · m, then x + mlp(norm(x)) · m,
+    with m the residual_multiplier; returns the layer's KV."""
+    H, D = c.hidden_size, c.head_dim
     def scaled(h):
         return h if c.residual_multiplier == 1 else g.op.Mul(h, g.constant(c.residual_multiplier, target.io_dtype))
 
@@ -95,12 +124,8 @@ def decoder_layer(g: Graph, stream: ResidualStream, w: Weights, c: GraniteConfig
         stream.add(scaled(h))
     with g.scope("post_attention_layernorm"):
         h = stream.norm(w("post_attention_layernorm.weight", H))
-    m = w.under("mlp.")
-    biases = (m("gate_proj.bias", I), m("up_proj.bias", I), m("down_proj.bias", H)) if c.mlp_bias else None
-    with g.scope("mlp"):
-        h = gated_mlp(g, h, m("gate_proj.weight", I, H), m("up_proj.weight", I, H), m("down_proj.weight", H, I),
-                      c.hidden_act, target, biases)
-        stream.add(scaled(h))
+    with g.scope("block_sparse_moe" if c.moe else "mlp"):
+        stream.add(scaled(mlp(g, h, w, c, target)))
     return key, value
 
 
@@ -125,4 +150,4 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: GraniteConfig, target: T
     return logits, presents
 
 
-__all__ = ["IGNORED", "VARIANTS", "GraniteConfig", "build", "decoder_layer", "parse_config"]
+__all__ = ["IGNORED", "STRUCTURE", "VARIANTS", "GraniteConfig", "build", "decoder_layer", "parse_config"]

@@ -259,6 +259,29 @@ QWEN3_30B_A3B = {
     "mlp_only_layers": [], "use_sliding_window": False, "sliding_window": None, "max_window_layers": 48,
     "tie_word_embeddings": False, "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16",
 }
+# ibm-granite/granite-3.1-3b-a800m-instruct's shapes.
+GRANITE_3_1_3B_A800M = {
+    "architectures": ["GraniteMoeForCausalLM"], "model_type": "granitemoe", "vocab_size": 49155, "hidden_size": 1536,
+    "intermediate_size": 512, "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8,
+    "hidden_act": "silu", "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "rope_theta": 10000000.0,
+    "rope_scaling": None, "attention_bias": False, "num_local_experts": 40, "num_experts_per_tok": 8,
+    "embedding_multiplier": 12.0, "logits_scaling": 6.0, "residual_multiplier": 0.22,
+    "attention_multiplier": 0.015625, "tie_word_embeddings": True, "bos_token_id": 0, "eos_token_id": 0,
+    "pad_token_id": 0, "torch_dtype": "bfloat16",
+}
+# microsoft/Phi-3.5-MoE-instruct's shapes; its LongRoPE factors stand in as 1.0 (short) and 2.0 (long).
+PHI_3_5_MOE = {
+    "architectures": ["PhimoeForCausalLM"], "model_type": "phimoe", "vocab_size": 32064, "hidden_size": 4096,
+    "intermediate_size": 6400, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "hidden_act": "silu", "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 64, "long_factor": [2.0] * 64,
+                     "short_mscale": 1.243163121016122, "long_mscale": 1.243163121016122,
+                     "original_max_position_embeddings": 4096},
+    "sliding_window": 131072, "attention_bias": True, "lm_head_bias": True, "num_local_experts": 16,
+    "num_experts_per_tok": 2, "router_jitter_noise": 0.01, "input_jitter_noise": 0.01, "tie_word_embeddings": False,
+    "bos_token_id": 1, "eos_token_id": 32000, "torch_dtype": "bfloat16",
+}
 
 PRESETS: dict[str, dict] = {
     "Llama-3.2-1B": LLAMA_3_2_1B,
@@ -289,6 +312,8 @@ PRESETS: dict[str, dict] = {
     "gpt-oss-20b": GPT_OSS_20B,
     "OLMoE-1B-7B-0924": OLMOE_1B_7B,
     "Qwen3-30B-A3B": QWEN3_30B_A3B,
+    "granite-3.1-3b-a800m-instruct": GRANITE_3_1_3B_A800M,
+    "Phi-3.5-MoE-instruct": PHI_3_5_MOE,
 }
 
 
@@ -579,6 +604,39 @@ def moe_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     if not c.get("tie_word_embeddings"):
         yield "lm_head.weight", (V, H)
 
+def granitemoe_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Granite MoE: Llama's names but the MLP a router and stacked experts, input_linear [E, 2I, H]
+    (gate rows, then up rows) and output_linear [E, H, I], under block_sparse_moe."""
+    H, I, E = c["hidden_size"], c["intermediate_size"], c["num_local_experts"]
+    for name, shape in llama_tensors(c):
+        if ".mlp." in name:
+            continue
+        yield name, shape
+        if name.endswith("post_attention_layernorm.weight"):
+            p = name.removesuffix("post_attention_layernorm.weight") + "block_sparse_moe."
+            yield p + "router.layer.weight", (E, H)
+            yield p + "input_linear.weight", (E, 2 * I, H)
+            yield p + "output_linear.weight", (E, H, I)
+
+def phimoe_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Phi-3.5-MoE: LayerNorms with biases, Llama's attention (biased), Mixtral's experts (w1, w3, w2 under
+    block_sparse_moe.experts.{e}, the router block_sparse_moe.gate), an lm_head bias."""
+    H, I, E, V = c["hidden_size"], c["intermediate_size"], c["num_local_experts"], c["vocab_size"]
+    for name, shape in llama_tensors(c):
+        if ".mlp." in name:
+            continue
+        yield name, shape
+        if name.endswith("norm.weight"):
+            yield name.replace(".weight", ".bias"), shape
+        if name.endswith("post_attention_layernorm.weight"):
+            p = name.removesuffix("post_attention_layernorm.weight") + "block_sparse_moe."
+            yield p + "gate.weight", (E, H)
+            for e in range(E):
+                yield p + f"experts.{e}.w1.weight", (I, H)
+                yield p + f"experts.{e}.w3.weight", (I, H)
+                yield p + f"experts.{e}.w2.weight", (H, I)
+    yield "lm_head.bias", (V,)
+
 
 TENSORS = {
     "llama": llama_tensors, "mistral": llama_tensors, "qwen2": llama_tensors, "qwen3": llama_tensors,
@@ -589,7 +647,8 @@ TENSORS = {
     "phi": gptstyle_tensors, "stablelm": gptstyle_tensors, "starcoder2": gptstyle_tensors, "nemotron": gptstyle_tensors,
     "olmo": olmo_tensors, "olmo2": olmo_tensors, "olmo3": olmo_tensors, "exaone4": olmo_tensors,
     "hunyuan_v1_dense": hunyuan_dense_tensors, "gpt_oss": gpt_oss_tensors,
-    "olmoe": moe_tensors, "qwen3_moe": moe_tensors,
+    "olmoe": moe_tensors, "qwen3_moe": moe_tensors, "granitemoe": granitemoe_tensors,
+    "phimoe": phimoe_tensors,
 }
 
 

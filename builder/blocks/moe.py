@@ -63,6 +63,21 @@ def stacked(weights: Sequence[Weight], dtype: np.dtype) -> Weight:
     return Weight.filled((len(weights), *weights[0].shape), dtype, fill, _sources(weights))
 
 
+def unstacked(stacked: Weight, start: int = 0, stop: int | None = None) -> list[Weight]:
+    """A checkpoint's stacked [E, N, K] expert tensor as E lazy [stop − start, K] matrices (rows
+    [start, stop) of each expert: Granite MoE's input_linear holds the gate rows, then the up rows);
+    each copies only its own expert's rows when written."""
+    e, n, k = stacked.shape
+    stop = n if stop is None else stop
+
+    def one(x: int) -> Weight:
+        rows = stacked.slice(0, x, x + 1).slice(1, start, stop)  # (1, stop − start, K), a view
+        return Weight((stop - start, k), stacked.dtype, lambda _: rows.apply(lambda a: np.ascontiguousarray(a[0])),
+                      stacked.sources)
+
+    return [one(x) for x in range(e)]
+
+
 def quantized_experts(g: Graph, parts: Sequence[Sequence[Weight]], q: Quantization, scale_dtype: np.dtype,
                       sources: tuple[str, ...]) -> tuple[ir.Value, ir.Value, ir.Value | None]:
     """QMoE's (weights [E, N, K·bits/8], scales [E, N, K/block], zero points) for experts whose rows
@@ -132,6 +147,46 @@ def sparse_moe(
         return g.op.Mul(y, mass)  # (B, S, H) · (B, S, 1)
 
 
+def routed_experts(g: Graph, x: ir.Value, scores: ir.Value, index: ir.Value, weight: ir.Value, top_k: int,
+                   gate: Sequence[Weight], up: Sequence[Weight], down: Sequence[Weight], target: Target) -> ir.Value:
+    """Σ_j weight_j · expert_{index_j}(x) for a router the fused operator cannot compute itself,
+    built by the caller from standard operators: `index` (B, S, k) int64 and `weight` (B, S, k) >
+    0, `scores` (B, S, E) only for its shape. The operator is fed logits that are log(weight) at the
+    chosen experts and −10⁴ elsewhere: its softmax, top-k and renormalization then give back
+    weight_j / Σ weight (to rounding), and the sum Σ weight is multiplied in after."""
+    E = len(gate)
+    with g.scope("routing"):
+        floor = g.op.Expand(g.constant(-1e4, target.io_dtype), g.op.Shape(scores))  # (B, S, E)
+        chosen = g.op.ScatterElements(floor, index, g.op.Log(weight), axis=-1)  # (B, S, E)
+        logits = g.op.Reshape(chosen, g.constant([-1, E], "int64"))  # (B·S, E)
+        mass = g.op.ReduceSum(weight, g.constant([-1], "int64"), keepdims=1)  # (B, S, k) -> (B, S, 1)
+    attributes = dict(k=top_k, activation_type="swiglu", swiglu_fusion=1, activation_alpha=1.0,
+                      activation_beta=0.0, normalize_routing_weights=1)
+    return g.op.Mul(_experts(g, x, logits, gate, up, down, attributes, target), mass)  # (B, S, H) · (B, S, 1)
+
+
+def sparsemixer(g: Graph, scores: ir.Value, jitter_eps: float) -> tuple[ir.Value, ir.Value]:
+    """Phi-3.5-MoE's top-2 router at inference (transformers/models/phimoe/modeling_phimoe.py,
+    `sparsemixer` with training=False) on router logits (B, S, E): expert j is the argmax of the
+    logits with the earlier choices at −∞; its weight is its probability under a softmax over only
+    the logits within a relative 2·jitter_eps of that maximum, (max − s) / max(|s|, max) ≤ 2·eps.
+    Returns (index (B, S, 2) int64, weight (B, S, 2))."""
+    minus_inf, last = g.constant(-np.inf, np.float32), g.constant([-1], "int64")
+    masked, indices, weights = scores, [], []
+    for j in range(2):
+        with g.scope(f"top{j + 1}"):
+            top = g.op.ReduceMax(masked, last, keepdims=1)  # (B, S, 1)
+            index = g.op.ArgMax(masked, axis=-1, keepdims=1)  # (B, S, 1)
+            factor = g.op.Max(g.op.Abs(scores), top)  # |s| clamped below at the maximum
+            eps, inf = g.op.CastLike(g.constant(2 * jitter_eps, np.float32), scores), g.op.CastLike(minus_inf, scores)
+            far = g.op.Greater(g.op.Div(g.op.Sub(top, scores), factor), eps)
+            p = g.op.Softmax(g.op.Where(far, inf, masked), axis=-1)  # (B, S, E)
+            indices.append(index)
+            weights.append(g.op.GatherElements(p, index, axis=-1))  # (B, S, 1)
+            masked = g.op.ScatterElements(masked, index, g.op.Expand(inf, g.op.Shape(index)), axis=-1)
+    return g.op.Concat(*indices, axis=-1), g.op.Concat(*weights, axis=-1)
+
+
 def _experts(g: Graph, x: ir.Value, logits: ir.Value, gate: Sequence[Weight], up: Sequence[Weight],
              down: Sequence[Weight], attributes: dict, target: Target) -> ir.Value:
     """The MoE (float) or QMoE (quantized) node over stacked experts."""
@@ -158,4 +213,5 @@ def _experts(g: Graph, x: ir.Value, logits: ir.Value, gate: Sequence[Weight], up
         return g.ms.MoE(x, logits, w1, None, w2, **attributes)
 
 
-__all__ = ["quantized_experts", "sparse_moe", "stacked", "stacked_gate_up"]
+__all__ = ["quantized_experts", "routed_experts", "sparse_moe", "sparsemixer", "stacked", "stacked_gate_up",
+           "unstacked"]
