@@ -194,6 +194,8 @@ class QuantizedCheckpoint(Checkpoint):
                     raise BuildError(f"tensor {name!r} is in both {raw[name].path.name} and {path.name}")
                 raw[name] = info
         modules = sorted(name[: -len(".qweight")] for name in raw if name.endswith(".qweight"))
+        if not modules:
+            raise BuildError(f"{folder}: quantization_config says {fmt.method}, but no tensor is named *.qweight")
         layers = {}
         tensors = {name: info for name, info in raw.items() if name.rsplit(".", 1)[-1] not in PARTS}
         for module in modules:

@@ -99,8 +99,10 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
         )
     known = names[0] in architectures.ARCHITECTURES
     accepted = getattr(architectures.load(names[0]), "QUANT_METHODS", ()) if known else ()
-    check_not_prequantized(raw, folder / "config.json", (*accepted, *awq_gptq.METHODS))
     quantized = awq_gptq.quant_format(raw, folder / "config.json") if gguf is None else None
+    # AWQ/GPTQ is read at the top level only (a text_config's would belong to other tensor names).
+    check_not_prequantized({**raw, "quantization_config": None} if quantized else raw, folder / "config.json",
+                           accepted)
     module = architectures.load(names[0])
     config = module.parse_config(raw, names[0])
     info = decoder_info(config)
