@@ -131,10 +131,10 @@ def _blocks(t: GGUFTensor) -> Blocks:
         raw = np.asarray(_read(t, stack)).reshape(n, k_blocks, -1)
         scales = raw[:, :, :2].copy().view(np.float16)[:, :, 0]  # d, fp16
         if t.kind == "Q8_0":
-            return raw[:, :, 2:] ^ np.uint8(0x80), scales  # int8 q -> q + 128: w = d·q
+            return raw[:, :, 2:] ^ np.uint8(0x80), scales, None  # int8 q -> q + 128: w = d·q
         qs = raw[:, :, 2:]  # element j in the low nibble of byte j, element j + 16 in its high nibble
         codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # (n, k_blocks, 32), w = d·(q − 8)
-        return codes[:, :, 0::2] | (codes[:, :, 1::2] << 4), scales
+        return codes[:, :, 0::2] | (codes[:, :, 1::2] << 4), scales, None
 
     return Blocks(STORED_AS_IS[t.kind], BLOCK, compute, t.kind)
 

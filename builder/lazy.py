@@ -26,43 +26,74 @@ Compute = Callable[[contextlib.ExitStack], np.ndarray]
 @dataclass(frozen=True)
 class Blocks:
     """A weight the checkpoint already stores quantized in a layout MatMulNBits reads as is (GGUF's
-    Q4_0 and Q8_0): `compute` yields B uint8 [N, k_blocks, block_size·bits/8] and the scales
-    [N, k_blocks]; the zero point is implicit (2^(bits−1)), so w = (code − 2^(bits−1))·scale.
+    Q4_0 and Q8_0, AWQ, GPTQ): `compute` yields B uint8 [N, k_blocks, block_size·bits/8], the scales
+    [N, k_blocks] and the zero points — uint8 [N, ceil(k_blocks·bits/8)], packed like B, or None
+    when implicit (2^(bits−1)) — so w = (code − zero point)·scale.
     The Weight that carries it computes the same values in float, for float builds."""
 
     bits: int
     block_size: int
-    compute: Callable[[contextlib.ExitStack], tuple[np.ndarray, np.ndarray]]
-    kind: str  # the source format, for messages ("Q4_0")
+    compute: Callable[[contextlib.ExitStack], tuple[np.ndarray, np.ndarray, np.ndarray | None]]
+    kind: str  # the source format, for messages ("Q4_0", "awq")
+    zero_points: bool = False  # whether compute yields explicit zero points
 
     def widened(self) -> Blocks:
-        """The same values as 8-bit codes (4-bit code c is 8-bit code c + 120): exact."""
+        """The same values as 8-bit codes (4-bit code c is 8-bit code c + 120, a zero point z is
+        z + 120): exact."""
         if self.bits == 8:
             return self
         inner = self.compute
 
         def compute(stack):
-            data, scales = inner(stack)
-            codes = np.stack([data & 0x0F, data >> 4], axis=-1).reshape(*data.shape[:-1], -1)
-            return codes + np.uint8(120), scales
+            data, scales, zp = inner(stack)
+            codes = _nibbles(data)
+            if zp is not None:
+                zp = _nibbles(zp)[:, : scales.shape[1]] + np.uint8(120)
+            return codes + np.uint8(120), scales, zp
 
-        return Blocks(8, self.block_size, compute, self.kind)
+        return Blocks(8, self.block_size, compute, self.kind, self.zero_points)
+
+    def explicit(self) -> Blocks:
+        """The same blocks with their implicit zero points written out."""
+        if self.zero_points:
+            return self
+        inner, bits = self.compute, self.bits
+
+        def compute(stack):
+            data, scales, _ = inner(stack)
+            n, k_blocks = scales.shape
+            middle = 1 << (bits - 1)
+            fill = middle | (middle << 4) if bits == 4 else middle
+            return data, scales, np.full((n, -(-k_blocks * bits // 8)), fill, np.uint8)
+
+        return Blocks(self.bits, self.block_size, compute, self.kind, True)
 
     @staticmethod
     def concat(parts: Sequence[Blocks]) -> Blocks | None:
         """Rows of several pre-quantized weights joined (a fused QKV), or None when their block
-        sizes differ; mixed 4- and 8-bit parts are joined as 8-bit."""
+        sizes differ; mixed 4- and 8-bit parts are joined as 8-bit, mixed implicit and explicit
+        zero points as explicit."""
         if len({b.block_size for b in parts}) != 1:
             return None
         if len({b.bits for b in parts}) != 1:
             parts = [b.widened() for b in parts]
+        if len({b.zero_points for b in parts}) != 1:
+            parts = [b.explicit() for b in parts]
         computes = [b.compute for b in parts]
 
         def compute(stack):
-            pairs = [c(stack) for c in computes]
-            return np.concatenate([d for d, _ in pairs]), np.concatenate([s for _, s in pairs])
+            triples = [c(stack) for c in computes]
+            zps = [z for _, _, z in triples]
+            return (np.concatenate([d for d, _, _ in triples]), np.concatenate([s for _, s, _ in triples]),
+                    None if zps[0] is None else np.concatenate(zps))
 
-        return Blocks(parts[0].bits, parts[0].block_size, compute, "+".join(dict.fromkeys(b.kind for b in parts)))
+        return Blocks(parts[0].bits, parts[0].block_size, compute, "+".join(dict.fromkeys(b.kind for b in parts)),
+                      parts[0].zero_points)
+
+
+def _nibbles(packed: np.ndarray) -> np.ndarray:
+    """uint8 [..., m] of two 4-bit values a byte (element 2j low) -> [..., 2m]."""
+    return np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(*packed.shape[:-1], -1)
 
 
 class Weight:

@@ -16,7 +16,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
 
 import architectures
-from builder import gguf_checkpoint, gguf_tokenizer, hub, record
+from builder import awq_gptq, gguf_checkpoint, gguf_tokenizer, hub, record
 from builder.architecture import DecoderInfo, decoder_info
 from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
@@ -99,7 +99,10 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
         )
     known = names[0] in architectures.ARCHITECTURES
     accepted = getattr(architectures.load(names[0]), "QUANT_METHODS", ()) if known else ()
-    check_not_prequantized(raw, folder / "config.json", accepted)
+    quantized = awq_gptq.quant_format(raw, folder / "config.json") if gguf is None else None
+    # AWQ/GPTQ is read at the top level only (a text_config's would belong to other tensor names).
+    check_not_prequantized({**raw, "quantization_config": None} if quantized else raw, folder / "config.json",
+                           accepted)
     module = architectures.load(names[0])
     config = module.parse_config(raw, names[0])
     info = decoder_info(config)
@@ -107,7 +110,9 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     check_context_length(target, info.context_length)
     if target.context_length:
         info = dataclasses.replace(info, context_length=target.context_length)
-    if gguf is None:
+    if quantized is not None:
+        checkpoint = awq_gptq.QuantizedCheckpoint.open_quantized(folder, quantized)
+    elif gguf is None:
         checkpoint = Checkpoint.open(folder)
 
     g = Graph()

@@ -20,9 +20,10 @@ TOKENIZER_MODELS = ("tokenizer.json", "tokenizer.model")
 
 
 def check_not_prequantized(raw: dict[str, Any], path: Path, accepted: tuple[str, ...] = ()) -> None:
-    """A checkpoint whose weights are already quantized (AWQ, GPTQ, FP8, bitsandbytes, mxfp4) holds
-    packed integers and scales under other tensor names: refused until builder reads those formats,
-    except the quant_methods in `accepted`, which the architecture reads itself (gpt-oss: mxfp4)."""
+    """A checkpoint whose weights are already quantized (FP8, bitsandbytes, mxfp4, ...) holds packed
+    integers and scales under other tensor names: refused until builder reads those formats, except
+    the quant_methods in `accepted`: AWQ and GPTQ (builder/awq_gptq.py) and those the architecture
+    reads itself (gpt-oss: mxfp4)."""
     for where, cfg in (("", raw), ("text_config.", raw.get("text_config") or {})):
         q = cfg.get("quantization_config")
         if q:

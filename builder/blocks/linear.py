@@ -80,23 +80,32 @@ def quantized_weight(g: Graph, weight: Weight, q: Quantization, scale_dtype: np.
 
 
 def _stored_blocks(g: Graph, weight: Weight, scale_dtype: np.dtype) -> QuantizedValues:
-    """B and scales straight from a pre-quantized weight's blocks (zero points implicit)."""
+    """B, scales and (when the format stores them) zero points straight from a pre-quantized
+    weight's blocks."""
     b = weight.blocks
     n, k = weight.shape
-    data_shape, scales_shape, _ = packed_shapes(n, k, b.bits, b.block_size)
+    data_shape, scales_shape, zp_shape = packed_shapes(n, k, b.bits, b.block_size)
 
     def compute() -> dict[str, np.ndarray]:
         with contextlib.ExitStack() as stack:
-            data, scales = b.compute(stack)
+            data, scales, zero_points = b.compute(stack)
             # Copies that own their memory: the sources are views of mapped file pages.
-            return {"data": np.array(data, np.uint8), "scales": np.array(scales, scale_dtype)}
+            parts = {"data": np.array(data, np.uint8), "scales": np.array(scales, scale_dtype)}
+            if zero_points is not None:
+                parts["zero_points"] = np.array(zero_points, np.uint8)
+            return parts
 
     shared = SharedResult(compute)
-    names = g.scoped_name("data"), g.scoped_name("scales")
-    data = g.lazy_initializer(names[0], shared.tensor("data", data_shape, np.uint8, names[0]), weight.sources)
-    scales = g.lazy_initializer(names[1], shared.tensor("scales", scales_shape, scale_dtype, names[1]), (),
-                                by_product=True)
-    return QuantizedValues(data, scales, None, n, k, b.bits, b.block_size)
+
+    def register(part: str, shape, dtype) -> ir.Value:
+        name = g.scoped_name(part)
+        main = part == "data"
+        return g.lazy_initializer(name, shared.tensor(part, shape, dtype, name), weight.sources if main else (),
+                                  by_product=not main)
+
+    return QuantizedValues(register("data", data_shape, np.uint8), register("scales", scales_shape, scale_dtype),
+                           register("zero_points", zp_shape, np.uint8) if b.zero_points else None,
+                           n, k, b.bits, b.block_size)
 
 
 def linear(
