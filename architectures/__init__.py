@@ -45,6 +45,7 @@ ARCHITECTURES: dict[str, str] = {
     "MixtralForCausalLM": "moe",
     "OlmoeForCausalLM": "moe",
     "PhimoeForCausalLM": "phimoe",
+    "Ernie4_5_MoeForCausalLM": "ernie4_5_moe",
 }
 
 
