@@ -283,6 +283,16 @@ PHI_3_5_MOE = {
     "bos_token_id": 1, "eos_token_id": 32000, "torch_dtype": "bfloat16",
 }
 
+# baidu/ERNIE-4.5-21B-A3B-PT's shapes: layer 0 dense, the others 64 experts (top 6) and 2 shared.
+ERNIE_4_5_21B_A3B = {
+    "architectures": ["Ernie4_5_MoeForCausalLM"], "model_type": "ernie4_5_moe", "vocab_size": 103424,
+    "hidden_size": 2560, "intermediate_size": 12288, "num_hidden_layers": 28, "num_attention_heads": 20,
+    "num_key_value_heads": 4, "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "use_bias": False, "moe_num_experts": 64, "moe_k": 6,
+    "moe_num_shared_experts": 2, "moe_intermediate_size": 1536, "moe_layer_start_index": 1, "moe_layer_interval": 1,
+    "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "torch_dtype": "bfloat16",
+}
+
 PRESETS: dict[str, dict] = {
     "Llama-3.2-1B": LLAMA_3_2_1B,
     "Llama-3.1-8B": LLAMA_3_1_8B,
@@ -314,6 +324,7 @@ PRESETS: dict[str, dict] = {
     "Qwen3-30B-A3B": QWEN3_30B_A3B,
     "granite-3.1-3b-a800m-instruct": GRANITE_3_1_3B_A800M,
     "Phi-3.5-MoE-instruct": PHI_3_5_MOE,
+    "ERNIE-4.5-21B-A3B-PT": ERNIE_4_5_21B_A3B,
 }
 
 
@@ -638,6 +649,27 @@ def phimoe_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     yield "lm_head.bias", (V,)
 
 
+def ernie4_5_moe_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """ERNIE 4.5 MoE: Llama's names; from moe_layer_start_index on, the MLP is a router mlp.gate with
+    mlp.moe_statics.e_score_correction_bias, experts mlp.experts.{e}.*_proj and mlp.shared_experts."""
+    H, E, I = c["hidden_size"], c["moe_num_experts"], c["moe_intermediate_size"]
+    S = I * c["moe_num_shared_experts"]
+    for name, shape in llama_tensors(c):
+        layer = int(name.split(".")[2]) if ".mlp." in name else -1
+        if layer < c["moe_layer_start_index"] or (layer + 1) % c["moe_layer_interval"]:
+            yield name, shape
+        elif name.endswith("mlp.gate_proj.weight"):
+            p = name.removesuffix("gate_proj.weight")
+            yield p + "gate.weight", (E, H)
+            yield p + "moe_statics.e_score_correction_bias", (1, E)
+            for e in range(E):
+                yield p + f"experts.{e}.gate_proj.weight", (I, H)
+                yield p + f"experts.{e}.up_proj.weight", (I, H)
+                yield p + f"experts.{e}.down_proj.weight", (H, I)
+            for proj, shape_ in (("gate_proj", (S, H)), ("up_proj", (S, H)), ("down_proj", (H, S))):
+                yield p + f"shared_experts.{proj}.weight", shape_
+
+
 TENSORS = {
     "llama": llama_tensors, "mistral": llama_tensors, "qwen2": llama_tensors, "qwen3": llama_tensors,
     "granite": llama_tensors, "smollm3": llama_tensors, "seed_oss": llama_tensors, "ernie4_5": llama_tensors,
@@ -648,7 +680,7 @@ TENSORS = {
     "olmo": olmo_tensors, "olmo2": olmo_tensors, "olmo3": olmo_tensors, "exaone4": olmo_tensors,
     "hunyuan_v1_dense": hunyuan_dense_tensors, "gpt_oss": gpt_oss_tensors,
     "olmoe": moe_tensors, "qwen3_moe": moe_tensors, "granitemoe": granitemoe_tensors,
-    "phimoe": phimoe_tensors,
+    "phimoe": phimoe_tensors, "ernie4_5_moe": ernie4_5_moe_tensors,
 }
 
 

@@ -15,7 +15,8 @@ from make_synthetic_checkpoint import PRESETS, TENSORS, write_checkpoint  # noqa
 
 SHRINK = {"vocab_size": 512, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 3,
           "max_position_embeddings": 256, "original_max_position_embeddings": 64,
-          "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128, "max_window_layers": 3}
+          "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128, "max_window_layers": 3,
+          "moe_num_experts": 4, "moe_k": 2}
 
 
 def shrunk(config: dict) -> dict:
