@@ -30,7 +30,7 @@ from builder.errors import BuildError
 from builder.lazy import Weight
 from builder.mapping import mapped
 
-__all__ = ["Adapter", "LoraCheckpoint", "CONFIG_FILE", "WEIGHTS_FILE"]
+__all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "Adapter", "LoraCheckpoint"]
 
 log = logging.getLogger("builder")
 

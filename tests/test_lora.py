@@ -9,7 +9,15 @@ import transformers
 import yaml
 from conftest import TINY
 from fake_quant import assert_quantized_parity
-from helpers import GENAI_PROMPT, PROMPT, assert_parity, build, make_checkpoint, reference, relative_error
+from helpers import (
+    GENAI_PROMPT,
+    PROMPT,
+    assert_parity,
+    build,
+    make_checkpoint,
+    reference,
+    relative_error,
+)
 from test_genai import assert_same_greedy
 
 from builder.cli import main
