@@ -25,6 +25,9 @@ ALLOW_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "mod
                   *TOKENIZER_FILES]
 
 
+ADAPTER_PATTERNS = ["adapter_config.json", "adapter_model.safetensors"]
+
+
 def _looks_like_path(model: str) -> bool:
     """Hub ids are `name` or `org/name`; anything else the user typed is meant as a folder."""
     return model.startswith((".", "/", "~")) or model.count("/") > 1
@@ -49,7 +52,8 @@ def _did_you_mean(path: Path) -> str:
     return f"; did you mean {path.parent / close[0]}?" if close else ""
 
 
-def resolve(model: str, revision: str | None = None, cache_dir: str | None = None) -> Path:
+def resolve(model: str, revision: str | None = None, cache_dir: str | None = None,
+            allow_patterns: list[str] = ALLOW_PATTERNS) -> Path:
     """Returns a local folder for `model`: the folder itself, or the hub snapshot (cached or downloaded).
 
     Honors the Hugging Face cache (HF_HOME / HF_HUB_CACHE, or `cache_dir`) and HF_HUB_OFFLINE=1.
@@ -72,7 +76,7 @@ def resolve(model: str, revision: str | None = None, cache_dir: str | None = Non
     )
 
     try:
-        return Path(snapshot_download(model, revision=revision, allow_patterns=ALLOW_PATTERNS,
+        return Path(snapshot_download(model, revision=revision, allow_patterns=allow_patterns,
                                      cache_dir=None if cache_dir is None else Path(cache_dir).expanduser()))
     except HFValidationError:
         raise _missing_folder(model, "not a valid Hugging Face id") or BuildError(

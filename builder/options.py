@@ -95,6 +95,8 @@ class BuildOptions:
                                    PRECISIONS, short="-p")
     execution_provider: str = option("cpu", str, "where the model runs", EXECUTION_PROVIDERS, short="-e")
     revision: str | None = option(None, str, "hub revision (branch, tag or commit)")
+    adapter: str | None = option(None, str, "PEFT LoRA adapter (folder or Hugging Face id) merged into the base "
+                                 "weights before any quantization")
     overwrite: bool = option(False, bool, "replace an existing non-empty output folder")
     bits: int | None = option(None, int, "quantized weight bits (4 or 8); the same as -p int4 / int8", (4, 8))
     block_size: int | None = option(None, int, "int4/int8: elements of K per scale (default 32)", BLOCK_SIZES)

@@ -16,7 +16,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
 
 import architectures
-from builder import awq_gptq, gguf_checkpoint, gguf_tokenizer, hub, record
+from builder import awq_gptq, gguf_checkpoint, gguf_tokenizer, hub, lora, record
 from builder.architecture import DecoderInfo, decoder_info
 from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
@@ -56,6 +56,7 @@ class Plan:
     estimate: Estimate
     graph_sources: dict[str, tuple[str, ...]]  # initializer -> the checkpoint tensors it reads
     gguf_metadata: dict[str, Any] | None = None  # a GGUF source's metadata (its tokenizer)
+    adapter: lora.Adapter | None = None  # a LoRA adapter merged into the weights
 
     @property
     def parameters(self) -> int:
@@ -77,8 +78,15 @@ def source_folder(options: BuildOptions) -> Path:
 def local_inputs(options: BuildOptions) -> list[Path]:
     """The input folders known before any hub lookup (which source_folder may do)."""
     named = [Path(options.input).expanduser()] if options.input is not None else []
-    model = Path(options.model).expanduser() if options.model else None
-    return named + ([model] if model is not None and model.exists() else [])
+    paths = [Path(p).expanduser() for p in (options.model, options.adapter) if p]
+    return named + [p for p in paths if p.exists()]
+
+
+def adapter_folder(options: BuildOptions) -> Path | None:
+    """The local folder of --adapter (the folder itself, or its hub snapshot), None without one."""
+    if options.adapter is None:
+        return None
+    return hub.resolve(options.adapter, None, options.cache_dir, hub.ADAPTER_PATTERNS)
 
 
 def plan(options: BuildOptions, folder: Path) -> Plan:
@@ -115,6 +123,15 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     elif gguf is None:
         checkpoint = Checkpoint.open(folder)
 
+    adapter = None
+    if options.adapter is not None:
+        adapter = lora.Adapter.open(adapter_folder(options))
+        trained_on = str(adapter.config.get("base_model_name_or_path") or "")
+        given = options.model or str(options.input)
+        if trained_on and Path(trained_on.rstrip("/")).name != Path(given.rstrip("/")).name:
+            log.warning("the adapter was trained on %s, not %s; building anyway", trained_on, given)
+        checkpoint = lora.LoraCheckpoint(checkpoint, adapter)
+
     g = Graph()
     check_windowed_cache(info, options)
     windowed = info.sliding_window_layers if target.windowed_kv_cache else []
@@ -134,7 +151,7 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     generation = read_json(generation_path, "model") if gguf is None and generation_path.is_file() else {}
     source_bytes = {name: [checkpoint.info(s).nbytes for s in srcs] for name, srcs in g.sources.items()}
     return Plan(folder, names[0], config, info, checkpoint, model, generation,
-                estimate(model, source_bytes), dict(g.sources), metadata if gguf is not None else None)
+                estimate(model, source_bytes), dict(g.sources), metadata if gguf is not None else None, adapter)
 
 
 def check_windowed_cache(info: DecoderInfo, options: BuildOptions) -> None:
@@ -218,6 +235,7 @@ def build(options: BuildOptions, progress: bool = True) -> Path:
              f"{p.parameters:,}", human(p.checkpoint.nbytes))
     inputs = [folder] if folder.is_file() else [f for f in folder.iterdir() if f.is_file() and not f.name.startswith(".")]
     hashes = hash_inputs(inputs)
+    adapter_hashes = hash_inputs(p.adapter.files()) if p.adapter is not None else None
     try:
         with staged_folder(output, options.overwrite, [folder]) as staging:
             with timed("write weights"):
@@ -228,7 +246,8 @@ def build(options: BuildOptions, progress: bool = True) -> Path:
                     gguf_tokenizer.write_tokenizer(p.gguf_metadata, staging)
             with timed("hashing inputs"):
                 digests = hashes.result()
-            record.write(staging / "build.yaml", record.build_record(options, folder, digests, __version__))
+                adapter = None if p.adapter is None else (p.adapter.folder, adapter_hashes.result())
+            record.write(staging / "build.yaml", record.build_record(options, folder, digests, __version__, adapter))
     except OSError as e:  # a full disk, a vanished mount: the staging folder is already gone
         raise BuildError(f"writing {output} failed: {e.strerror or e}; nothing was written") from None
     log.info("wrote %s in %.1f s", output, time.perf_counter() - started)

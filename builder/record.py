@@ -48,8 +48,11 @@ def hub_revision(folder: Path) -> str | None:
     return None
 
 
-def build_record(options: BuildOptions, folder: Path, hashes: dict[str, str], version: str) -> dict[str, Any]:
-    """The YAML document: options with the source pinned, then the informational `record`."""
+def build_record(options: BuildOptions, folder: Path, hashes: dict[str, str], version: str,
+                 adapter: tuple[Path, dict[str, str]] | None = None) -> dict[str, Any]:
+    """The YAML document: options with the source pinned, then the informational `record`.
+    `adapter`: a LoRA adapter's local folder and the sha256 of its files; the rebuild reads the
+    same folder (a hub adapter: its snapshot in the cache, whose commit the record names)."""
     values = options.to_dict()
     revision = hub_revision(folder)
     if options.input is not None or revision is None:
@@ -63,6 +66,11 @@ def build_record(options: BuildOptions, folder: Path, hashes: dict[str, str], ve
         "source": {"model": options.model, "folder": str(folder.resolve()), "revision": revision},
         "sha256": hashes,
     }
+    if adapter is not None:
+        adapter_folder, adapter_hashes = adapter
+        values["adapter"] = str(adapter_folder.resolve())
+        values[RECORD_KEY]["adapter"] = {"adapter": options.adapter, "folder": str(adapter_folder.resolve()),
+                                         "revision": hub_revision(adapter_folder), "sha256": adapter_hashes}
     return values
 
 

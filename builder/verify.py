@@ -47,7 +47,8 @@ REQUIREMENTS = ("torch", "transformers", "onnxruntime")
 
 def check_verifiable(options: BuildOptions) -> None:
     """Refuses, before anything is built, a --verify that could only fail after the build."""
-    missing = [m for m in REQUIREMENTS if importlib.util.find_spec(m) is None]
+    needed = (*REQUIREMENTS, "peft") if options.adapter is not None else REQUIREMENTS  # peft merges the adapter
+    missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if missing:
         raise BuildError(f"--verify needs {', '.join(missing)} (the test extras: pip install -e '.[test]')")
     if options.execution_provider != "cpu":
@@ -85,6 +86,12 @@ def _reference_model(folder: Path, options: BuildOptions, quiet: bool = False):
     auto = (transformers.AutoModelForImageTextToText if config["architectures"][0].endswith("ConditionalGeneration")
             else transformers.AutoModelForCausalLM)
     model = auto.from_pretrained(folder, dtype=torch.float32).eval()
+    if options.adapter is not None:  # the reference is peft's own merge
+        import peft
+
+        from builder.pipeline import adapter_folder
+
+        model = peft.PeftModel.from_pretrained(model, adapter_folder(options)).merge_and_unload().eval()
     target = options.target().with_layers(model.config.get_text_config().num_hidden_layers)
     q = target.quantization
     if q is not None:

@@ -1,0 +1,154 @@
+"""--adapter: a PEFT LoRA adapter merged into the lazy weights equals peft's merge_and_unload()."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers
+import yaml
+from conftest import TINY
+from fake_quant import assert_quantized_parity
+from helpers import (
+    GENAI_PROMPT,
+    PROMPT,
+    assert_parity,
+    build,
+    make_checkpoint,
+    reference,
+    relative_error,
+)
+from test_genai import assert_same_greedy
+
+from builder.cli import main
+from builder.record import file_sha256
+
+peft = pytest.importorskip("peft")
+
+TARGETS = ["q_proj", "v_proj", "down_proj"]
+
+
+def make_adapter(base, folder, seed=1, **config):
+    """Trains nothing: a LoRA adapter with random A and random nonzero B (peft starts B at zero,
+    which would hide a wrong merge), saved the PEFT way."""
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    lora = peft.get_peft_model(model, peft.LoraConfig(**{"r": 4, "lora_alpha": 8, "target_modules": TARGETS, **config}))
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name or "lora_embedding_B" in name:
+                p.normal_(0.0, 0.2)
+            elif "modules_to_save" in name:
+                p.add_(0.05 * torch.randn_like(p))
+    lora.save_pretrained(folder)
+    return folder
+
+
+def merged(base, adapter, folder):
+    """peft's own merge, saved as a plain transformers checkpoint (the reference every test reads)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    peft_model = peft.PeftModel.from_pretrained(model, adapter).eval()
+    with torch.no_grad():
+        unmerged = peft_model(torch.tensor([PROMPT])).logits[0].numpy()
+    peft_model.merge_and_unload().save_pretrained(folder)
+    return folder, unmerged
+
+
+@pytest.fixture(scope="module", params=["lora", "rslora"])
+def case(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(request.param)
+    base = make_checkpoint(root / "base", "LlamaConfig", **TINY)
+    extra = {} if request.param == "lora" else dict(use_rslora=True, r=8, lora_alpha=4,
+                                                      target_modules=[*TARGETS, "embed_tokens"],
+                                                      modules_to_save=["lm_head"])
+    adapter = make_adapter(base, root / "adapter", **extra)
+    reference_folder, unmerged = merged(base, adapter, root / "merged")
+    return base, adapter, reference_folder, unmerged
+
+
+def test_fp32_equals_peft_merge(case, tmp_path):
+    base, adapter, reference_folder, unmerged = case
+    want, _, _ = reference(reference_folder, PROMPT)
+    assert relative_error(want, unmerged) < 1e-5  # peft's merged and unmerged models agree
+    plain, _, _ = reference(base, PROMPT)
+    assert relative_error(plain, want) > 0.05, "the adapter changes too little to prove a merge"
+    out = build(base, tmp_path / "out", "-p", "fp32", "--adapter", str(adapter), "--verify")  # peft's merge too
+    assert_parity(out, reference_folder, 1e-4)
+    recorded = yaml.safe_load((out / "build.yaml").read_text())
+    assert recorded["adapter"] == str(adapter.resolve())
+    assert recorded["record"]["adapter"]["sha256"]["adapter_model.safetensors"] == file_sha256(
+        adapter / "adapter_model.safetensors")
+
+
+def test_int4_equals_fake_quantized_merge(case, tmp_path):
+    base, adapter, reference_folder, _ = case
+    out = build(base, tmp_path / "out", "-p", "int4", "--accuracy-level", "0", "--adapter", str(adapter))
+    assert_quantized_parity(reference_folder, out, exact=True)
+
+
+def test_genai_greedy_equals_merged_transformers(case, tmp_path):
+    base, adapter, reference_folder, _ = case
+    out = build(base, tmp_path / "out", "-p", "fp32", "--adapter", str(adapter))
+    assert_same_greedy(out, reference_folder, GENAI_PROMPT)
+
+
+def test_dora_is_refused_in_one_line(tiny_llama, tmp_path, capsys):
+    adapter = make_adapter(tiny_llama, tmp_path / "dora", use_dora=True)
+    capsys.readouterr()  # transformers' progress bars while making the adapter
+    rc = main(["-m", str(tiny_llama), "-o", str(tmp_path / "out"), "-q", "--adapter", str(adapter)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and "DoRA" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(bias="lora_only"), "bias 'lora_only'"),
+    (dict(peft_type="IA3"), "peft_type 'IA3'"),
+    (dict(alpha_pattern={"q_proj": 16}), "alpha_pattern"),
+    (dict(some_future_switch=True), "some_future_switch"),
+])
+def test_unsupported_settings_are_refused(tiny_llama, tmp_path, capsys, change, message):
+    adapter = make_adapter(tiny_llama, tmp_path / "adapter")
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**config, **change}))
+    capsys.readouterr()  # transformers' progress bars while making the adapter
+    rc = main(["-m", str(tiny_llama), "-o", str(tmp_path / "out"), "-q", "--adapter", str(adapter)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and message in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_adapter_tensor_matching_no_weight_fails_naming_it(tiny_llama, tmp_path, capsys):
+    from safetensors.numpy import load_file, save_file
+
+    adapter = make_adapter(tiny_llama, tmp_path / "adapter")
+    tensors = load_file(adapter / "adapter_model.safetensors")
+    stray = "base_model.model.model.layers.9.self_attn.q_proj.lora_A.weight"
+    tensors[stray] = tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"]
+    tensors[stray.replace("lora_A", "lora_B")] = tensors["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"]
+    save_file(tensors, adapter / "adapter_model.safetensors")
+    capsys.readouterr()
+    rc = main(["-m", str(tiny_llama), "-o", str(tmp_path / "out"), "-q", "-p", "fp32", "--adapter", str(adapter)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and stray in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_build_path_imports_neither_peft_nor_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, builder.lora, builder.pipeline; print(sorted({'peft', 'torch'} & set(sys.modules)))"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+
+
+def test_merge_is_float32_and_lazy(tiny_llama, tmp_path):
+    from builder.checkpoint import Checkpoint
+    from builder.lora import Adapter, LoraCheckpoint
+
+    adapter = make_adapter(tiny_llama, tmp_path / "adapter")
+    ckpt = LoraCheckpoint(Checkpoint.open(tiny_llama), Adapter.open(adapter))
+    w = ckpt.weight("model.layers.0.self_attn.q_proj.weight")
+    assert w.dtype == np.float32 and w.shape == (64, 64)
+    assert ckpt.adapter.tensors.unconsumed() == sorted(
+        n for n in ckpt.adapter.tensors.tensors if "layers.0.self_attn.q_proj" not in n)
