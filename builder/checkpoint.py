@@ -139,7 +139,9 @@ class Checkpoint:
         `packed` accepts an integer tensor (the uint8 blocks and scales of an MXFP4 checkpoint)."""
         info = self.info(name)
         if not packed and info.dtype.kind != "f" and info.dtype != DTYPES["BF16"]:
-            raise BuildError(f"tensor {name!r} has dtype {info.dtype.name}; a weight must be floating point")
+            scaled = " (float8 weights need the quantization_config and scales of an FP8 checkpoint)" \
+                if info.dtype.name.startswith("float8") else ""
+            raise BuildError(f"tensor {name!r} has dtype {info.dtype.name}; a weight must be floating point{scaled}")
         if shape is not None and tuple(shape) != info.shape:
             raise BuildError(
                 f"tensor {name!r} has shape {list(info.shape)} but config.json implies {list(shape)}"

@@ -126,11 +126,12 @@ class FP8Linear:
 
     def float32(self, stack) -> np.ndarray:
         """fp8 · scale as float32 [N, K] (transformers' _dequantize_fp8_weight)."""
-        n, k = self.weight.shape
+        n = self.weight.shape[0]
         w = np.asarray(stack.enter_context(mapped(self.weight))).astype(np.float32)
         s = np.asarray(stack.enter_context(mapped(self.scale)), np.float32)
         if self.block is None:  # [1] or [] per tensor, [N, 1] per channel
-            return w * (s.reshape(()) if s.size == 1 else s.reshape(n, 1))
+            w *= s.reshape(()) if s.size == 1 else s.reshape(n, 1)
+            return w
         bn, bk = self.block
         rows = np.repeat(s, bn, axis=0)[:n]  # (ceil(N/bn), ceil(K/bk)) -> (N, ceil(K/bk))
         for j in range(rows.shape[1]):  # in place, a block column at a time: no weight-sized scale tensor
