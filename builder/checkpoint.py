@@ -28,6 +28,8 @@ DTYPES: dict[str, np.dtype] = {
     "F32": np.dtype(np.float32),
     "F16": np.dtype(np.float16),
     "BF16": np.dtype(ml_dtypes.bfloat16),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),  # FP8 checkpoints' weights (builder/fp8.py)
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
     "I64": np.dtype(np.int64),
     "I32": np.dtype(np.int32),
     "I16": np.dtype(np.int16),
@@ -137,7 +139,9 @@ class Checkpoint:
         `packed` accepts an integer tensor (the uint8 blocks and scales of an MXFP4 checkpoint)."""
         info = self.info(name)
         if not packed and info.dtype.kind != "f" and info.dtype != DTYPES["BF16"]:
-            raise BuildError(f"tensor {name!r} has dtype {info.dtype.name}; a weight must be floating point")
+            scaled = " (float8 weights need the quantization_config and scales of an FP8 checkpoint)" \
+                if info.dtype.name.startswith("float8") else ""
+            raise BuildError(f"tensor {name!r} has dtype {info.dtype.name}; a weight must be floating point{scaled}")
         if shape is not None and tuple(shape) != info.shape:
             raise BuildError(
                 f"tensor {name!r} has shape {list(info.shape)} but config.json implies {list(shape)}"

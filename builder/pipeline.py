@@ -16,7 +16,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
 
 import architectures
-from builder import awq_gptq, gguf_checkpoint, gguf_tokenizer, hub, lora, record
+from builder import awq_gptq, fp8, gguf_checkpoint, gguf_tokenizer, hub, lora, record
 from builder.architecture import DecoderInfo, decoder_info
 from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
@@ -108,8 +108,9 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     known = names[0] in architectures.ARCHITECTURES
     accepted = getattr(architectures.load(names[0]), "QUANT_METHODS", ()) if known else ()
     quantized = awq_gptq.quant_format(raw, folder / "config.json") if gguf is None else None
-    # AWQ/GPTQ is read at the top level only (a text_config's would belong to other tensor names).
-    check_not_prequantized({**raw, "quantization_config": None} if quantized else raw, folder / "config.json",
+    float8 = fp8.fp8_format(raw, folder / "config.json") if gguf is None else None
+    # AWQ/GPTQ/FP8 is read at the top level only (a text_config's would belong to other tensor names).
+    check_not_prequantized({**raw, "quantization_config": None} if quantized or float8 else raw, folder / "config.json",
                            accepted)
     module = architectures.load(names[0])
     config = module.parse_config(raw, names[0])
@@ -120,6 +121,8 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
         info = dataclasses.replace(info, context_length=target.context_length)
     if quantized is not None:
         checkpoint = awq_gptq.QuantizedCheckpoint.open_quantized(folder, quantized)
+    elif float8 is not None:
+        checkpoint = fp8.FP8Checkpoint.open_fp8(folder, float8)
     elif gguf is None:
         checkpoint = Checkpoint.open(folder)
 

@@ -20,10 +20,10 @@ TOKENIZER_MODELS = ("tokenizer.json", "tokenizer.model")
 
 
 def check_not_prequantized(raw: dict[str, Any], path: Path, accepted: tuple[str, ...] = ()) -> None:
-    """A checkpoint whose weights are already quantized (FP8, bitsandbytes, mxfp4, ...) holds packed
+    """A checkpoint whose weights are already quantized (bitsandbytes, HQQ, mxfp4, ...) holds packed
     integers and scales under other tensor names: refused until builder reads those formats, except
-    the quant_methods in `accepted`: AWQ and GPTQ (builder/awq_gptq.py) and those the architecture
-    reads itself (gpt-oss: mxfp4)."""
+    the quant_methods in `accepted`: AWQ and GPTQ (builder/awq_gptq.py), FP8 (builder/fp8.py) and
+    those the architecture reads itself (gpt-oss: mxfp4)."""
     for where, cfg in (("", raw), ("text_config.", raw.get("text_config") or {})):
         q = cfg.get("quantization_config")
         if q:

@@ -218,7 +218,7 @@ def test_prequantized_checkpoint_is_refused(src, tmp_path, capsys, where, method
     else:
         config["quantization_config"] = q
     (src / "config.json").write_text(json.dumps(config))
-    if method in ("awq", "gptq") and not where:  # read (tests/test_awq_gptq.py), but these tensors are float
+    if method in ("awq", "gptq", "fp8") and not where:  # read (tests/test_awq_gptq.py, test_fp8.py), but float
         assert_refused(capsys, tmp_path, ["-m", src], f"quantization_config says {method}, but no tensor is named")
         return
     assert_refused(capsys, tmp_path, ["-m", src], f"(quant_method {method!r}); builder reads float checkpoints only")
