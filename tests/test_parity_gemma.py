@@ -39,12 +39,14 @@ def make_gemma(folder, name):
     return make_checkpoint(folder, config_class, **{**GEMMA, **overrides})
 
 
-def make_gemma3_multimodal(folder, hub_layout: bool):
+def make_gemma3_multimodal(folder, hub_layout: bool, **vision_overrides):
     """A tiny Gemma3ForConditionalGeneration; `hub_layout` renames tensors as the hub's -it
-    checkpoints store them (language_model.model.*) instead of transformers 5's (model.language_model.*)."""
+    checkpoints store them (language_model.model.*) instead of transformers 5's (model.language_model.*).
+    `vision_overrides` change the vision_config (tests/test_gemma3_vision.py pools 4x4 patches)."""
     text = {**GEMMA, **VARIANTS["gemma3"][1]}
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                   image_size=28, patch_size=14)
+    vision.update(vision_overrides)
     cfg = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
                                     image_token_index=250, boi_token_index=251, eoi_token_index=252, eos_token_id=255)
     make_checkpoint(folder, "Gemma3Config", **cfg.to_dict())
