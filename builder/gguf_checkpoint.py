@@ -6,7 +6,10 @@ tensor's bytes are then mapped only while it is written, like a safetensors slic
 llama.cpp's (`blk.3.attn_q.weight`) and are mapped back to transformers' (`model.layers.3.self_attn.
 q_proj.weight`), undoing what llama.cpp's converter (convert_hf_to_gguf.py) changed on the way in:
 Llama's q/k rows permuted for its rotary layout (transformers' LlamaTensorProcessor reverses it the
-same way, modeling_gguf_pytorch_utils.py).
+same way, modeling_gguf_pytorch_utils.py); Gemma's norm weights stored as 1 + weight (its converter
+folds Gemma's RMSNorm offset in; transformers' Gemma2TensorProcessor subtracts 1 again, as here).
+Per family, some names differ: Gemma 2/3's sandwich norms (`post_attention_norm`, `ffn_norm` before
+the MLP, `post_ffw_norm`), Phi-3's fused `attn_qkv` and `ffn_up` (gate rows, then up rows).
 
 Tensor types: F32, F16 and BF16 are float weights. Q4_0 and Q8_0 blocks (32 values, one fp16
 scale, symmetric codes) are MatMulNBits' own layout: a quantized build writes them as stored,
@@ -21,7 +24,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +50,33 @@ class Family:
 
     architecture: str  # transformers' class name, the key of architectures.ARCHITECTURES
     permute_qk: bool = False  # llama.cpp permuted q/k rows (LlamaModel.permute in its converter)
+    names: dict[str, str] = field(default_factory=dict)  # layer names that differ from LAYER_NAMES
+    norm_shift: float = 0.0  # llama.cpp stores norm weights plus this (Gemma: 1 + weight)
+    model_type: str | None = None  # config.json's model_type, where it is not the GGUF architecture
+    # Config keys the family reads from `{arch}.<metadata key>` when present.
+    keys: dict[str, str] = field(default_factory=dict)
+    # llama.cpp scales Gemma's queries by 1/sqrt(head_dim), or for the 27B (this many layers) by
+    # 1/sqrt(hidden/heads) (llama-model.cpp, f_attention_scale); the file stores no query_pre_attn_scalar.
+    layers_27b: int | None = None
+    partial_rotary: bool = False  # rope.dimension_count gives partial_rotary_factor (Phi-4-mini's 0.75)
 
 
+GEMMA_NAMES = {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+               "post_ffw_norm": "post_feedforward_layernorm"}
+WINDOW = {"sliding_window": "attention.sliding_window"}
 FAMILIES = {
     "llama": Family("LlamaForCausalLM", permute_qk=True),
     "qwen2": Family("Qwen2ForCausalLM"),
     "qwen3": Family("Qwen3ForCausalLM"),
+    "gemma2": Family("Gemma2ForCausalLM", names=GEMMA_NAMES, norm_shift=1.0, layers_27b=46, keys={
+        **WINDOW, "attn_logit_softcapping": "attn_logit_softcapping",
+        "final_logit_softcapping": "final_logit_softcapping"}),
+    "gemma3": Family("Gemma3ForCausalLM", names=GEMMA_NAMES, norm_shift=1.0, layers_27b=62, model_type="gemma3_text",
+                     keys={**WINDOW, "final_logit_softcapping": "final_logit_softcapping",
+                           "rope_local_base_freq": "rope.freq_base_swa"}),
+    "phi3": Family("Phi3ForCausalLM", names={"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+                   partial_rotary=True,
+                   keys={**WINDOW, "original_max_position_embeddings": "rope.scaling.original_context_length"}),
 }
 
 # llama.cpp's names -> transformers' (gguf-py's tensor_mapping.py, read backwards).
@@ -76,12 +100,13 @@ LAYER_NAMES = {
 }
 
 
-def hf_name(name: str) -> str | None:
+def hf_name(name: str, family: Family = FAMILIES["llama"]) -> str | None:
     if name in GLOBAL_NAMES:
         return GLOBAL_NAMES[name]
+    layer_names = {**LAYER_NAMES, **family.names}
     parts = name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{LAYER_NAMES[parts[2]]}.{parts[3]}"
+    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in layer_names:
+        return f"model.layers.{parts[1]}.{layer_names[parts[2]]}.{parts[3]}"
     return None
 
 
@@ -106,6 +131,7 @@ class GGUFTensor:
     kind: str  # GGML type name
     shape: tuple[int, ...]  # Hugging Face's order ([out, in]); GGUF lists dims innermost first
     rows: np.ndarray | None = None  # the row order that undoes a permutation, or None
+    shift: float = 0.0  # subtracted from the values (a Gemma norm's stored 1 + weight)
 
 
 def _read(t: GGUFTensor, stack) -> np.ndarray:
@@ -186,7 +212,7 @@ class GGUFCheckpoint(Checkpoint):
         raw = config(metadata, arch, names)
         tensors = {}
         for name, kind, shape, offset, nbytes in entries:
-            hf = hf_name(name)
+            hf = hf_name(name, FAMILIES[arch])
             if hf is None:
                 raise BuildError(f"{path}: tensor {name!r} has no Hugging Face counterpart for {arch} "
                                  "(not supported yet)")
@@ -197,7 +223,8 @@ class GGUFCheckpoint(Checkpoint):
             if FAMILIES[arch].permute_qk and hf.endswith(("q_proj.weight", "k_proj.weight")):
                 heads = raw["num_attention_heads"] if "q_proj" in hf else raw["num_key_value_heads"]
                 order = unpermute_rows(shape[0], heads)
-            tensors[hf] = GGUFTensor(info, kind, shape, order)
+            shift = FAMILIES[arch].norm_shift if hf.endswith("norm.weight") else 0.0
+            tensors[hf] = GGUFTensor(info, kind, shape, order, shift)
         return raw, cls(tensors, path), metadata
 
     def weight(self, name: str, shape=None) -> Weight:
@@ -206,6 +233,13 @@ class GGUFCheckpoint(Checkpoint):
             raise BuildError(f"tensor {name!r} has shape {list(info.shape)} but the GGUF metadata implies "
                              f"{list(shape)}")
         self._consumed.add(name)
+        t = self.gguf[name]
+        if t.shift:  # in float32, as transformers' `weights - 1` on the dequantized values
+            float_weight = self._unshifted(name)
+            return float_weight.map(lambda x: x.astype(np.float32) - np.float32(t.shift), np.float32)
+        return self._unshifted(name)
+
+    def _unshifted(self, name: str) -> Weight:
         t = self.gguf[name]
         if t.kind in FLOAT:
             return Weight.source(t.shape, FLOAT[t.kind], lambda stack: _read(t, stack), name)
@@ -253,11 +287,14 @@ def config(metadata: dict[str, Any], arch: str, tensor_names: set[str]) -> dict[
     if "rope_freqs.weight" in tensor_names:
         raise BuildError("this GGUF stores rotary frequency factors (rope_freqs.weight, Llama 3.1-style scaled "
                          "rotary), which builder does not read yet")
+    if "rope_factors_long.weight" in tensor_names:
+        raise BuildError("this GGUF stores LongRoPE factors (rope_factors_long/short.weight, Phi-3 128k-style "
+                         "rotary), which builder does not read yet")
     family = FAMILIES[arch]
     tokens = metadata.get("tokenizer.ggml.tokens")
     raw: dict[str, Any] = {
         "architectures": [family.architecture],
-        "model_type": arch,
+        "model_type": family.model_type or arch,
         "num_hidden_layers": key("block_count"),
         "hidden_size": key("embedding_length"),
         "intermediate_size": key("feed_forward_length"),
@@ -274,6 +311,19 @@ def config(metadata: dict[str, Any], arch: str, tensor_names: set[str]) -> dict[
         head_dim = key("rope.dimension_count")
     if head_dim is not None:
         raw["head_dim"] = head_dim
+    for name, meta in family.keys.items():
+        if key(meta) is not None:
+            raw[name] = key(meta)
+    if raw.get("sliding_window") == 0:  # Phi-3's converter writes 0 for "none" (Phi-4)
+        del raw["sliding_window"]
+    if family.layers_27b is not None:
+        per_head = raw["hidden_size"] // raw["num_attention_heads"]
+        raw["query_pre_attn_scalar"] = per_head if raw["num_hidden_layers"] == family.layers_27b else head_dim
+        if "sliding_window" not in raw:  # Gemma 3's converter writes none for sliding_window_pattern 1: all global
+            raw["layer_types"] = ["full_attention"] * raw["num_hidden_layers"]
+    rope_dims = key("rope.dimension_count")
+    if family.partial_rotary and rope_dims is not None:  # partial rotary (Phi-4-mini): rotated dims per head
+        raw["partial_rotary_factor"] = rope_dims / (raw["hidden_size"] // raw["num_attention_heads"])
     if isinstance(raw["num_key_value_heads"], list):
         raise BuildError("this GGUF has a per-layer key/value head count, which builder does not read")
     scaling = key("rope.scaling.type")

@@ -68,6 +68,17 @@ class Blocks:
 
         return Blocks(self.bits, self.block_size, compute, self.kind, True)
 
+    def rows(self, start: int, stop: int) -> Blocks:
+        """Rows [start, stop) of the weight (gate or up of a fused gate_up): each row's blocks,
+        scales and zero points are its own, so this is exact."""
+        inner = self.compute
+
+        def compute(stack):
+            data, scales, zp = inner(stack)
+            return data[start:stop], scales[start:stop], None if zp is None else zp[start:stop]
+
+        return Blocks(self.bits, self.block_size, compute, self.kind, self.zero_points)
+
     @staticmethod
     def concat(parts: Sequence[Blocks]) -> Blocks | None:
         """Rows of several pre-quantized weights joined (a fused QKV), or None when their block
@@ -166,7 +177,8 @@ class Weight:
         shape[axis] = stop - start
         index = tuple(slice(start, stop) if a == axis else slice(None) for a in range(len(shape)))
         inner = self._compute
-        return Weight(shape, self.dtype, lambda s: inner(s)[index], self.sources)
+        blocks = self.blocks.rows(start, stop) if self.blocks is not None and axis == 0 and len(shape) == 2 else None
+        return Weight(shape, self.dtype, lambda s: inner(s)[index], self.sources, blocks)
 
     @staticmethod
     def concat(weights: Sequence[Weight], axis: int = 0) -> Weight:

@@ -1,5 +1,6 @@
 """Small GGUF files written from tiny transformers checkpoints, as llama.cpp's converter
-(convert_hf_to_gguf.py) writes them: its tensor names, Llama's permuted q/k rows, its metadata keys."""
+(convert_hf_to_gguf.py) writes them: its tensor names, Llama's permuted q/k rows, Gemma's norm
+weights plus 1, its metadata keys."""
 
 from __future__ import annotations
 
@@ -8,7 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
-ARCH = {"LlamaConfig": "llama", "Qwen2Config": "qwen2", "Qwen3Config": "qwen3"}
+ARCH = {"LlamaConfig": "llama", "Qwen2Config": "qwen2", "Qwen3Config": "qwen3", "Gemma2Config": "gemma2",
+        "Gemma3Config": "gemma3", "Phi3Config": "phi3"}
+GEMMA_NAMES = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+               "post_feedforward_layernorm": "post_ffw_norm"}
+ARCH_NAMES = {"gemma2": GEMMA_NAMES, "gemma3": GEMMA_NAMES,
+              "phi3": {"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}}
 NAMES = {
     "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
     "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
@@ -33,12 +39,33 @@ def bytes_to_unicode() -> dict[int, str]:
     return dict(zip(bs, map(chr, cs)))
 
 
-def gguf_name(hf: str) -> str:
+def gguf_name(hf: str, arch: str = "llama") -> str:
     if hf in GLOBAL:
         return GLOBAL[hf]
     _, _, layer, rest = hf.split(".", 3)
     module, kind = rest.rsplit(".", 1)
-    return f"blk.{layer}.{NAMES[module]}.{kind}"
+    names = {**NAMES, **ARCH_NAMES.get(arch, {})}
+    return f"blk.{layer}.{names[module]}.{kind}"
+
+
+def family_metadata(w, arch: str, cfg: dict) -> None:
+    """What llama.cpp's converter writes for Gemma 2/3 and Phi-3 beyond the common keys."""
+    import gguf
+
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    if arch == "gemma3" and cfg.get("final_logit_softcapping"):
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    if arch in ("gemma2", "gemma3", "phi3"):
+        w.add_sliding_window(cfg.get("sliding_window") or 0)
+    if arch == "gemma3":
+        scaling = cfg["rope_parameters"]["full_attention"]
+        if scaling["rope_type"] == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(scaling["factor"])
+    if arch == "phi3":
+        w.add_rope_scaling_orig_ctx_len(cfg["original_max_position_embeddings"])
 
 
 def permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -80,11 +107,14 @@ def write_gguf(source: Path, path: Path, types: dict[str, str] | str = "F32", na
     w.add_head_count(heads)
     w.add_head_count_kv(kv)
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_rope_freq_base((cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0)))
-    w.add_rope_dimension_count(head_dim)
+    rope = cfg.get("rope_parameters") or {}
+    rope = rope.get("full_attention", rope)  # Gemma 3: the global layers' theta
+    w.add_rope_freq_base(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    family_metadata(w, arch, cfg)
     spelled = bytes_to_unicode()
     tokens = [spelled[b] for b in range(256)] + [m.replace(" ", "") for m in MERGES] + ["<|endoftext|>", "<think>"]
     w.add_tokenizer_model("gpt2")
@@ -102,7 +132,9 @@ def write_gguf(source: Path, path: Path, types: dict[str, str] | str = "F32", na
         value = value.astype(np.float32)
         if arch == "llama" and hf.endswith(("q_proj.weight", "k_proj.weight")):
             value = permute(value, heads if "q_proj" in hf else kv)
-        name_ = gguf_name(hf)
+        if arch.startswith("gemma") and hf.endswith("norm.weight"):
+            value = value + 1  # Gemma's RMSNorm scale 1 + weight, as llama.cpp's converter stores it
+        name_ = gguf_name(hf, arch)
         kind = "F32"
         if value.ndim == 2:
             kind = types if isinstance(types, str) else next(
