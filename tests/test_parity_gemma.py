@@ -40,8 +40,9 @@ def make_gemma(folder, name):
 
 
 def make_gemma3_multimodal(folder, hub_layout: bool, **vision_overrides):
-    """A tiny Gemma3ForConditionalGeneration; `hub_layout` renames tensors as the hub's -it
-    checkpoints store them (language_model.model.*) instead of transformers 5's (model.language_model.*).
+    """A tiny Gemma3ForConditionalGeneration, its tensors named as the hub's -it checkpoints store
+    them (`hub_layout`: language_model.model.*, vision_tower.vision_model.*) or as transformers 5's
+    modules hold them (model.language_model.*, model.vision_tower.*).
     `vision_overrides` change the vision_config (tests/test_gemma3_vision.py pools 4x4 patches)."""
     text = {**GEMMA, **VARIANTS["gemma3"][1]}
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
@@ -50,16 +51,25 @@ def make_gemma3_multimodal(folder, hub_layout: bool, **vision_overrides):
     cfg = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
                                     image_token_index=250, boi_token_index=251, eoi_token_index=252, eos_token_id=255)
     make_checkpoint(folder, "Gemma3Config", **cfg.to_dict())
-    if hub_layout:
-        tensors = load_file(folder / "model.safetensors")
-        renamed = {}
-        for k, v in tensors.items():
-            if k.startswith("model.language_model."):
-                k = "language_model.model." + k[len("model.language_model."):]
-            elif k.startswith("model."):
-                k = k[len("model."):]
-            renamed[k] = v
-        save_file(renamed, folder / "model.safetensors", metadata={"format": "pt"})
+    # save_pretrained's own names vary by transformers version: rename every tensor explicitly.
+    tensors = load_file(folder / "model.safetensors")
+    renamed = {}
+    for k, v in tensors.items():
+        for prefix in ("model.language_model.", "language_model.model.", "language_model."):
+            if k.startswith(prefix):
+                k = ("language_model.model." if hub_layout else "model.language_model.") + k[len(prefix):]
+                break
+        else:
+            for prefix in ("model.vision_tower.vision_model.", "vision_tower.vision_model.", "model.vision_tower.",
+                           "vision_tower."):
+                if k.startswith(prefix):
+                    k = ("vision_tower.vision_model." if hub_layout else "model.vision_tower.") + k[len(prefix):]
+                    break
+            else:
+                if k.startswith(("model.multi_modal_projector.", "multi_modal_projector.")):
+                    k = ("" if hub_layout else "model.") + k[k.index("multi_modal_projector."):]
+        renamed[k] = v
+    save_file(renamed, folder / "model.safetensors", metadata={"format": "pt"})
     return folder
 
 
