@@ -16,7 +16,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
 
 import architectures
-from builder import awq_gptq, fp8, gguf_checkpoint, gguf_tokenizer, hub, lora, record
+from builder import gguf_tokenizer, hub, lora, record
 from builder.architecture import DecoderInfo, decoder_info
 from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
@@ -24,12 +24,16 @@ from builder.genai_config import genai_config, write_genai_files
 from builder.graph import Graph
 from builder.hf_config import read_json
 from builder.hub import TOKENIZER_FILES
+from builder.inputs import (
+    check_quantization,
+    open_checkpoint,
+    read_input,
+)
 from builder.io import DecoderIO
 from builder.options import BuildOptions
 from builder.preflight import (
     check_context_length,
     check_float_layers,
-    check_not_prequantized,
     timed,
     warn_if_no_tokenizer,
 )
@@ -82,21 +86,11 @@ def local_inputs(options: BuildOptions) -> list[Path]:
     return named + [p for p in paths if p.exists()]
 
 
-def adapter_folder(options: BuildOptions) -> Path | None:
-    """The local folder of --adapter (the folder itself, or its hub snapshot), None without one."""
-    if options.adapter is None:
-        return None
-    return hub.resolve(options.adapter, None, options.cache_dir, hub.ADAPTER_PATTERNS)
-
-
 def plan(options: BuildOptions, folder: Path) -> Plan:
     """Reads config.json and the safetensors headers (or a GGUF file's header) and records the
     graph; reads no weight."""
-    gguf = gguf_checkpoint.find(folder)
-    if gguf is not None:
-        raw, checkpoint, metadata = gguf_checkpoint.GGUFCheckpoint.open_file(gguf)
-    else:
-        raw = read_json(folder / "config.json", "model")
+    inp = read_input(folder)
+    raw = inp.config
     names = raw.get("architectures") or []
     if not names:
         raise BuildError(f"{folder / 'config.json'} names no architecture (the 'architectures' key)")
@@ -106,12 +100,7 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
             f"builder never runs; supported: {', '.join(sorted(architectures.ARCHITECTURES))}"
         )
     known = names[0] in architectures.ARCHITECTURES
-    accepted = getattr(architectures.load(names[0]), "QUANT_METHODS", ()) if known else ()
-    quantized = awq_gptq.quant_format(raw, folder / "config.json") if gguf is None else None
-    float8 = fp8.fp8_format(raw, folder / "config.json") if gguf is None else None
-    # AWQ/GPTQ/FP8 is read at the top level only (a text_config's would belong to other tensor names).
-    check_not_prequantized({**raw, "quantization_config": None} if quantized or float8 else raw, folder / "config.json",
-                           accepted)
+    check_quantization(inp, getattr(architectures.load(names[0]), "QUANT_METHODS", ()) if known else ())
     module = architectures.load(names[0])
     config = module.parse_config(raw, names[0])
     info = decoder_info(config)
@@ -119,21 +108,7 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     check_context_length(target, info.context_length)
     if target.context_length:
         info = dataclasses.replace(info, context_length=target.context_length)
-    if quantized is not None:
-        checkpoint = awq_gptq.QuantizedCheckpoint.open_quantized(folder, quantized)
-    elif float8 is not None:
-        checkpoint = fp8.FP8Checkpoint.open_fp8(folder, float8)
-    elif gguf is None:
-        checkpoint = Checkpoint.open(folder)
-
-    adapter = None
-    if options.adapter is not None:
-        adapter = lora.Adapter.open(adapter_folder(options))
-        trained_on = str(adapter.config.get("base_model_name_or_path") or "")
-        given = options.model or str(options.input)
-        if trained_on and Path(trained_on.rstrip("/")).name != Path(given.rstrip("/")).name:
-            log.warning("the adapter was trained on %s, not %s; building anyway", trained_on, given)
-        checkpoint = lora.LoraCheckpoint(checkpoint, adapter)
+    checkpoint, adapter = open_checkpoint(inp, options)
 
     g = Graph()
     check_windowed_cache(info, options)
@@ -144,17 +119,17 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     if target.quantization is not None:
         check_float_layers(target.quantization.float_layers, g.linears)
         check_float_layers(tuple(options.int8_layers), g.linears, "--int8-layers")
-    if gguf is None:
+    if inp.gguf is None:
         warn_if_no_tokenizer(folder)
     model = g.model(io.inputs, io.outputs(logits, info.vocab_size, presents))
     RemoveUnusedNodesPass()(model)
     TopologicalSortPass()(model)
 
     generation_path = folder / "generation_config.json"
-    generation = read_json(generation_path, "model") if gguf is None and generation_path.is_file() else {}
+    generation = read_json(generation_path, "model") if inp.gguf is None and generation_path.is_file() else {}
     source_bytes = {name: [checkpoint.info(s).nbytes for s in srcs] for name, srcs in g.sources.items()}
     return Plan(folder, names[0], config, info, checkpoint, model, generation,
-                estimate(model, source_bytes), dict(g.sources), metadata if gguf is not None else None, adapter)
+                estimate(model, source_bytes), dict(g.sources), inp.gguf_metadata, adapter)
 
 
 def check_windowed_cache(info: DecoderInfo, options: BuildOptions) -> None:

@@ -89,7 +89,7 @@ def _reference_model(folder: Path, options: BuildOptions, quiet: bool = False):
     if options.adapter is not None:  # the reference is peft's own merge
         import peft
 
-        from builder.pipeline import adapter_folder
+        from builder.inputs import adapter_folder
 
         model = peft.PeftModel.from_pretrained(model, adapter_folder(options)).merge_and_unload().eval()
     target = options.target().with_layers(model.config.get_text_config().num_hidden_layers)
