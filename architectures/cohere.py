@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.architecture import Weights, attention_weights, vocabulary
+from builder.architecture import Weights, attention_weights, decoder_layers, vocabulary
 from builder.blocks import (
     AttentionSpec,
     ResidualStream,
@@ -144,11 +144,8 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: CohereConfig, target: Ta
     lengths = sequence_lengths(g, io.attention_mask)
     vocab = vocabulary(g, ckpt, target, (c.vocab_size, c.hidden_size), c.tie_word_embeddings)
     stream = ResidualStream(g, vocab.embed(g, io.input_ids), c.layer_norm_eps, target, layer_norm=True)
-    presents = []
-    for i in range(c.num_hidden_layers):
-        with g.scope("model", f"layers.{i}"):
-            w = Weights(ckpt, f"model.layers.{i}.")
-            presents.append(decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
+    presents = decoder_layers(g, ckpt, c.num_hidden_layers,
+                              lambda i, w: decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
     with g.scope("model", "norm"):
         h = stream.norm(ckpt.weight("model.norm.weight", (c.hidden_size,)))
     logits = vocab.logits(g, h)

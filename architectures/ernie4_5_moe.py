@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from builder.architecture import Weights, attention_weights, vocabulary
+from builder.architecture import Weights, attention_weights, decoder_layers, vocabulary
 from builder.blocks import (AttentionSpec, ResidualStream, Rope, gated_mlp, linear, rotary_tables, self_attention,
                             sequence_lengths)
 from builder.blocks.moe import routed_experts, unstacked
@@ -163,11 +163,8 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: Ernie4_5_MoeConfig, targ
     lengths = sequence_lengths(g, io.attention_mask)
     vocab = vocabulary(g, ckpt, target, (c.vocab_size, c.hidden_size), c.tie_word_embeddings)
     stream = ResidualStream(g, vocab.embed(g, io.input_ids), c.rms_norm_eps, target)
-    presents = []
-    for i in range(c.num_hidden_layers):
-        with g.scope("model", f"layers.{i}"):
-            w = Weights(ckpt, f"model.layers.{i}.")
-            presents.append(decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
+    presents = decoder_layers(g, ckpt, c.num_hidden_layers,
+                              lambda i, w: decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
     with g.scope("model", "norm"):
         h = stream.norm(ckpt.weight("model.norm.weight", (c.hidden_size,)))
     bias = ckpt.weight("lm_head.bias", (c.vocab_size,)) if c.use_bias else None  # nn.Linear(bias=use_bias)

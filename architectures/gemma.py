@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from builder.architecture import Weights, attention_weights, vocabulary
+from builder.architecture import Weights, attention_weights, decoder_layers, vocabulary
 from builder.blocks import (
     AttentionSpec,
     ResidualStream,
@@ -190,11 +190,8 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: GemmaConfig, target: Tar
     # builds it and its norms stay in float32 (bf16 has float32's range and keeps its own).
     residual = np.float32 if target.io_dtype == np.float16 else None
     stream = ResidualStream(g, vocab.embed(g, io.input_ids, scale=float(np.sqrt(H))), c.rms_norm_eps, target, residual)
-    presents = []
-    for i in range(c.num_hidden_layers):
-        with g.scope("model", f"layers.{i}"):
-            w = GemmaWeights(ckpt, f"{base}layers.{i}.")
-            presents.append(decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary[c.layer_types[i]], target))
+    presents = decoder_layers(g, ckpt, c.num_hidden_layers, lambda i, w: decoder_layer(
+        g, stream, w, c, i, io.past[i], lengths, rotary[c.layer_types[i]], target), prefix=base, weights=GemmaWeights)
     with g.scope("model", "norm"):
         h = stream.norm(GemmaWeights(ckpt, base).norm("norm.weight", H))
     return vocab.logits(g, h, softcap=c.final_logit_softcapping), presents

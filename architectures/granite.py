@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.architecture import Weights, attention_weights, vocabulary
+from builder.architecture import Weights, attention_weights, decoder_layers, vocabulary
 from builder.blocks import (
     AttentionSpec,
     ResidualStream,
@@ -136,11 +136,8 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: GraniteConfig, target: T
     vocab = vocabulary(g, ckpt, target, (c.vocab_size, c.hidden_size), c.tie_word_embeddings)
     x = vocab.embed(g, io.input_ids, scale=c.embedding_multiplier if c.embedding_multiplier != 1 else None)
     stream = ResidualStream(g, x, c.rms_norm_eps, target)
-    presents = []
-    for i in range(c.num_hidden_layers):
-        with g.scope("model", f"layers.{i}"):
-            w = Weights(ckpt, f"model.layers.{i}.")
-            presents.append(decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
+    presents = decoder_layers(g, ckpt, c.num_hidden_layers,
+                              lambda i, w: decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
     with g.scope("model", "norm"):
         h = stream.norm(ckpt.weight("model.norm.weight", (c.hidden_size,)))
     logits = vocab.logits(g, h)

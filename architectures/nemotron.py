@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from builder.architecture import Weights, attention_weights, vocabulary
+from builder.architecture import Weights, attention_weights, decoder_layers, vocabulary
 from builder.blocks import (
     AttentionSpec,
     ResidualStream,
@@ -110,11 +110,8 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: NemotronConfig, target: 
     lengths = sequence_lengths(g, io.attention_mask)
     vocab = vocabulary(g, ckpt, target, (c.vocab_size, c.hidden_size), c.tie_word_embeddings)
     stream = ResidualStream(g, vocab.embed(g, io.input_ids), c.norm_eps, target, layer_norm=True)
-    presents = []
-    for i in range(c.num_hidden_layers):
-        with g.scope("model", f"layers.{i}"):
-            w = NemotronWeights(ckpt, f"model.layers.{i}.")
-            presents.append(decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
+    presents = decoder_layers(g, ckpt, c.num_hidden_layers, lambda i, w: decoder_layer(
+        g, stream, w, c, i, io.past[i], lengths, rotary, target), weights=NemotronWeights)
     with g.scope("model", "norm"):
         h = stream.norm(*NemotronWeights(ckpt, "model.").norm("norm", c.hidden_size))
     return vocab.logits(g, h), presents

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from builder.architecture import Weights, attention_weights, vocabulary
+from builder.architecture import Weights, attention_weights, decoder_layers, vocabulary
 from builder.blocks import (
     AttentionSpec,
     ResidualStream,
@@ -172,11 +172,8 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: OlmoConfig, target: Targ
     # OLMo's LayerNorm has neither weight nor bias; OLMo 2/3 use RMSNorm.
     stream = ResidualStream(g, vocab.embed(g, io.input_ids), c.rms_norm_eps, target, layer_norm=not c.post_norms,
                             hidden_size=H)
-    presents = []
-    for i in range(c.num_hidden_layers):
-        with g.scope("model", f"layers.{i}"):
-            w = Weights(ckpt, f"model.layers.{i}.")
-            presents.append(decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary[c.layer_types[i]], target))
+    presents = decoder_layers(g, ckpt, c.num_hidden_layers, lambda i, w: decoder_layer(
+        g, stream, w, c, i, io.past[i], lengths, rotary[c.layer_types[i]], target))
     with g.scope("model", "norm"):
         h = stream.norm(ckpt.weight("model.norm.weight", (H,)) if c.post_norms else None)
     return vocab.logits(g, h), presents

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.architecture import Weights, vocabulary
+from builder.architecture import Weights, decoder_layers, vocabulary
 from builder.blocks import (
     AttentionSpec,
     AttentionWeights,
@@ -114,11 +114,8 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: PhiConfig, target: Targe
     lengths = sequence_lengths(g, io.attention_mask)
     vocab = vocabulary(g, ckpt, target, (V, H), c.tie_word_embeddings)
     stream = ResidualStream(g, vocab.embed(g, io.input_ids), c.layer_norm_eps, target, layer_norm=True)
-    presents = []
-    for i in range(c.num_hidden_layers):
-        with g.scope("model", f"layers.{i}"):
-            w = Weights(ckpt, f"model.layers.{i}.")
-            presents.append(decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
+    presents = decoder_layers(g, ckpt, c.num_hidden_layers,
+                              lambda i, w: decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
     final = Weights(ckpt, "model.final_layernorm.")
     with g.scope("model", "final_layernorm"):
         h = stream.norm(final("weight", H), final("bias", H))

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from builder.architecture import Weights, attention_weights, vocabulary
+from builder.architecture import Weights, attention_weights, decoder_layers, vocabulary
 from builder.blocks import AttentionSpec, ResidualStream, Rope, linear, rotary_tables, self_attention, sequence_lengths
 from builder.blocks.moe import routed_experts, sparsemixer
 from builder.blocks.rope import longrope_tables
@@ -120,11 +120,8 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: PhimoeConfig, target: Ta
                                c.max_position_embeddings, target)
     vocab = vocabulary(g, ckpt, target, (c.vocab_size, c.hidden_size), c.tie_word_embeddings)
     stream = ResidualStream(g, vocab.embed(g, io.input_ids), c.rms_norm_eps, target, layer_norm=True)
-    presents = []
-    for i in range(c.num_hidden_layers):
-        with g.scope("model", f"layers.{i}"):
-            w = Weights(ckpt, f"model.layers.{i}.")
-            presents.append(decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
+    presents = decoder_layers(g, ckpt, c.num_hidden_layers,
+                              lambda i, w: decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
     with g.scope("model", "norm"):
         h = stream.norm(ckpt.weight("model.norm.weight", (c.hidden_size,)), ckpt.weight("model.norm.bias",
                                                                                         (c.hidden_size,)))

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.architecture import Weights, attention_weights, vocabulary
+from builder.architecture import Weights, attention_weights, decoder_layers, vocabulary
 from builder.blocks import (
     AttentionSpec,
     ResidualStream,
@@ -102,11 +102,8 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: Starcoder2Config, target
     lengths = sequence_lengths(g, io.attention_mask)
     vocab = vocabulary(g, ckpt, target, (c.vocab_size, H), c.tie_word_embeddings)
     stream = ResidualStream(g, vocab.embed(g, io.input_ids), c.norm_epsilon, target, layer_norm=True)
-    presents = []
-    for i in range(c.num_hidden_layers):
-        with g.scope("model", f"layers.{i}"):
-            w = Weights(ckpt, f"model.layers.{i}.")
-            presents.append(decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
+    presents = decoder_layers(g, ckpt, c.num_hidden_layers,
+                              lambda i, w: decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
     with g.scope("model", "norm"):
         h = stream.norm(ckpt.weight("model.norm.weight", (H,)), ckpt.weight("model.norm.bias", (H,)))
     return vocab.logits(g, h), presents

@@ -91,6 +91,20 @@ def attention_weights(
     )
 
 
+def decoder_layers(
+    g: Graph, ckpt: Checkpoint, count: int, layer: Callable[[int, Weights], tuple[ir.Value, ir.Value]],
+    prefix: str = "model.", weights: type[Weights] = Weights,
+) -> list[tuple[ir.Value, ir.Value]]:
+    """Builds layers 0 … count−1, each under its module scope (`model/layers.3`): `layer(i, w)`
+    records layer i from its checkpoint tensors `w` (`{prefix}layers.3.*`) and returns its
+    present (key, value). Returns the presents in layer order."""
+    presents = []
+    for i in range(count):
+        with g.scope("model", f"layers.{i}"):
+            presents.append(layer(i, weights(ckpt, f"{prefix}layers.{i}.")))
+    return presents
+
+
 class Architecture(Protocol):
     """A module in architectures/: the architectures it defines, a config parser, the graph, and
     what to ignore. Its config dataclass has config.json's key names and `window(layer)`; builder
