@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import torch
 import transformers
-from helpers import PROMPT, OnnxDecoder, relative_error
+from helpers import OnnxDecoder, PROMPT, model_logits, relative_error
 from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmul_8bits
 
 from builder.options import PRECISION_DEFAULTS
@@ -72,11 +72,7 @@ def reference(source, bits, block_size, symmetric=None, lm_head=True, ids=PROMPT
     method = defaults["quant_method"] if method is None else method
     model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
     fake_quantize_model(model, bits, block_size, symmetric, lm_head, method, int8_layers)
-    with torch.no_grad():
-        prefill = model(torch.tensor([ids]), use_cache=True)
-        next_id = int(prefill.logits[0, -1].argmax())
-        step = model(torch.tensor([[next_id]]), past_key_values=prefill.past_key_values, use_cache=True)
-    return prefill.logits[0].numpy(), step.logits[0].numpy(), next_id
+    return model_logits(model, ids)
 
 
 def op_histogram(folder):

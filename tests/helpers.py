@@ -39,12 +39,11 @@ def build(source: Path, out: Path, *flags: str) -> Path:
     return out
 
 
-def reference(source: Path, ids: list[int], next_id: int | None = None):
-    """transformers' fp32 logits for a prefill of `ids`, then for one decode step of `next_id`."""
+def model_logits(model, ids: list[int], next_id: int | None = None):
+    """A transformers model's logits for a prefill of `ids`, then for one decode step of `next_id`
+    (default: the prefill's greedy choice); returns (prefill, step, next_id) as numpy."""
     import torch
-    import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
     with torch.no_grad():
         prefill = model(torch.tensor([ids]), use_cache=True)
         logits = prefill.logits[0].numpy()
@@ -52,6 +51,15 @@ def reference(source: Path, ids: list[int], next_id: int | None = None):
             next_id = int(logits[-1].argmax())
         step = model(torch.tensor([[next_id]]), past_key_values=prefill.past_key_values, use_cache=True)
     return logits, step.logits[0].numpy(), next_id
+
+
+def reference(source: Path, ids: list[int], next_id: int | None = None):
+    """transformers' fp32 logits for a prefill of `ids`, then for one decode step of `next_id`."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    return model_logits(model, ids, next_id)
 
 
 class OnnxDecoder:

@@ -11,7 +11,7 @@ import torch
 import transformers
 from conftest import TINY
 from fake_quant import cosine
-from helpers import GENAI_PROMPT, PROMPT, OnnxDecoder, assert_parity, build, make_checkpoint, relative_error
+from helpers import GENAI_PROMPT, OnnxDecoder, PROMPT, assert_parity, build, make_checkpoint, model_logits, relative_error
 from safetensors.numpy import load_file, save_file
 from test_family_moe import fake_quantize_experts, router_logits
 from test_genai import assert_same_greedy
@@ -78,12 +78,9 @@ def test_int4_matches_fake_quantized_transformers(ernie, tmp_path):
     out = build(ernie, tmp_path / "out", "-p", "int4", "--accuracy-level", "0")
     model = transformers.AutoModelForCausalLM.from_pretrained(ernie, dtype=torch.float32).eval()
     fake_quantize_experts(model)  # every nn.Linear and the stacked experts; the router is no Linear: float
-    with torch.no_grad():
-        prefill = model(torch.tensor([PROMPT]), use_cache=True)
-        next_id = int(prefill.logits[0, -1].argmax())
-        step = model(torch.tensor([[next_id]]), past_key_values=prefill.past_key_values, use_cache=True)
+    ref_prefill, ref_step, next_id = model_logits(model, PROMPT)
     got = OnnxDecoder(out).prefill_and_step(PROMPT, next_id)
-    for g, want in zip(got, (prefill.logits[0].numpy(), step.logits[0].numpy())):
+    for g, want in zip(got, (ref_prefill, ref_step)):
         assert cosine(g, want) > 0.999 and relative_error(g, want) < 1e-4
 
 

@@ -10,7 +10,7 @@ import torch
 import transformers
 from conftest import TINY
 from gguf_files import VOCAB, write_gguf
-from helpers import GENAI_PROMPT, PROMPT, OnnxDecoder, build, make_checkpoint, relative_error
+from helpers import GENAI_PROMPT, OnnxDecoder, PROMPT, build, make_checkpoint, model_logits, relative_error
 from test_genai import MAX_LENGTH, genai_greedy
 
 from builder.cli import main
@@ -38,13 +38,10 @@ def transformers_model(path):
 
 def assert_same_logits(path, out, tolerance=1e-4):
     model = transformers_model(path)
-    with torch.no_grad():
-        prefill = model(torch.tensor([PROMPT]), use_cache=True)
-        next_id = int(prefill.logits[0, -1].argmax())
-        step = model(torch.tensor([[next_id]]), past_key_values=prefill.past_key_values, use_cache=True)
+    ref_prefill, ref_step, next_id = model_logits(model, PROMPT)
     got_prefill, got_step = OnnxDecoder(out).prefill_and_step(PROMPT, next_id)
-    for name, got, want in (("prefill", got_prefill, prefill.logits[0].numpy()),
-                            ("decode", got_step, step.logits[0].numpy())):
+    for name, got, want in (("prefill", got_prefill, ref_prefill),
+                            ("decode", got_step, ref_step)):
         err = relative_error(got, want)
         assert err < tolerance, f"{name}: relative max error {err:.2e}"
         assert (got.argmax(-1) == want.argmax(-1)).all()

@@ -18,11 +18,12 @@ from conftest import TINY
 from gguf_files import VOCAB, write_gguf
 from helpers import (
     GENAI_PROMPT,
-    PROMPT,
     OnnxDecoder,
+    PROMPT,
     assert_parity,
     build,
     make_checkpoint,
+    model_logits,
     relative_error,
 )
 from test_genai import MAX_LENGTH, genai_greedy
@@ -64,14 +65,11 @@ def transformers_gguf(path, family):
 
 
 def assert_same_logits(model, out, tolerance=1e-4):
-    with torch.no_grad():
-        prefill = model(torch.tensor([PROMPT]), use_cache=True)
-        next_id = int(prefill.logits[0, -1].argmax())
-        step = model(torch.tensor([[next_id]]), past_key_values=prefill.past_key_values, use_cache=True)
+    ref_prefill, ref_step, next_id = model_logits(model, PROMPT)
     got_prefill, got_step = OnnxDecoder(out).prefill_and_step(PROMPT, next_id)
     errors = []
-    for name, got, want in (("prefill", got_prefill, prefill.logits[0].numpy()),
-                            ("decode", got_step, step.logits[0].numpy())):
+    for name, got, want in (("prefill", got_prefill, ref_prefill),
+                            ("decode", got_step, ref_step)):
         errors.append(relative_error(got, want))
         assert errors[-1] < tolerance, f"{name}: relative max error {errors[-1]:.2e}"
         assert (got.argmax(-1) == want.argmax(-1)).all(), name
