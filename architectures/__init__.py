@@ -7,7 +7,7 @@ from types import ModuleType
 
 from builder.errors import BuildError
 
-__all__ = ["ARCHITECTURES", "BuildError", "load"]
+__all__ = ["ARCHITECTURES", "PACKAGES", "BuildError", "load", "load_package"]
 
 ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
@@ -47,6 +47,16 @@ ARCHITECTURES: dict[str, str] = {
     "PhimoeForCausalLM": "phimoe",
     "Ernie4_5_MoeForCausalLM": "ernie4_5_moe",
 }
+
+# Architectures whose checkpoints hold more than a decoder: the module that builds the rest (its
+# package(raw, folder, checkpoint, config, target) returns the other models, or None).
+PACKAGES: dict[str, str] = {
+    "Gemma3ForConditionalGeneration": "gemma3_multimodal",
+}
+
+
+def load_package(architecture: str) -> ModuleType | None:
+    return importlib.import_module(f"architectures.{PACKAGES[architecture]}") if architecture in PACKAGES else None
 
 
 def load(architecture: str) -> ModuleType:

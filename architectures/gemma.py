@@ -189,7 +189,9 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: GemmaConfig, target: Tar
     # The residual stream reaches ~1e5 on real weights (gemma-3-270m), past fp16's 65504: in fp16
     # builds it and its norms stay in float32 (bf16 has float32's range and keeps its own).
     residual = np.float32 if target.io_dtype == np.float16 else None
-    stream = ResidualStream(g, vocab.embed(g, io.input_ids, scale=float(np.sqrt(H))), c.rms_norm_eps, target, residual)
+    # A multimodal package's embedding model has already looked up, scaled and merged the image features.
+    x = io.inputs_embeds if io.inputs_embeds is not None else vocab.embed(g, io.input_ids, scale=float(np.sqrt(H)))
+    stream = ResidualStream(g, x, c.rms_norm_eps, target, residual)
     presents = decoder_layers(g, ckpt, c.num_hidden_layers, lambda i, w: decoder_layer(
         g, stream, w, c, i, io.past[i], lengths, rotary[c.layer_types[i]], target), prefix=base, weights=GemmaWeights)
     with g.scope("model", "norm"):

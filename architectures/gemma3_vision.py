@@ -126,7 +126,7 @@ def _projection(g: Graph, x: ir.Value, w: Weights, name: str, out: int, inp: int
 
 def build(g: Graph, pixel_values: ir.Value, ckpt: Checkpoint, c: Gemma3VisionConfig, target: Target) -> ir.Value:
     """Records the encoder and projector on `g`: pixel_values (N, C, S, S) -> image_features
-    (N·mm_tokens_per_image, text_hidden_size), in the target's IO dtype."""
+    (N, mm_tokens_per_image, text_hidden_size), in the target's IO dtype."""
     H, P, p = c.hidden_size, c.patch_size, c.patches_per_side
     tower = Weights(ckpt, _prefix(ckpt, TOWER_PREFIXES, "embeddings.patch_embedding.weight"))
     with g.scope("model", "vision_tower", "embeddings"):
@@ -158,18 +158,20 @@ def build(g: Graph, pixel_values: ir.Value, ckpt: Checkpoint, c: Gemma3VisionCon
             x = rms_norm(g, x, projector.norm("mm_soft_emb_norm.weight", H), c.layer_norm_eps, target)
         # mm_input_projection_weight is stored [in, out] already: x · W, no transpose.
         w = projector("mm_input_projection_weight", H, c.text_hidden_size).astype(target.io_dtype)
-        x = g.op.MatMul(x, g.weight("mm_input_projection_weight", w))  # (N, t·t, T)
-        return g.op.Reshape(x, g.constant([-1, c.text_hidden_size], np.int64))  # -> (N·t·t, T)
+        return g.op.MatMul(x, g.weight("mm_input_projection_weight", w))  # (N, t·t, T)
 
 
-def vision_model(ckpt: Checkpoint, c: Gemma3VisionConfig, target: Target) -> ir.Model:
+def vision_model(ckpt: Checkpoint, c: Gemma3VisionConfig, target: Target, g: Graph | None = None) -> ir.Model:
     """The whole vision model: input `pixel_values` (num_images, C, S, S), output `image_features`
-    (num_images·mm_tokens_per_image, text_hidden_size), both in the target's IO dtype."""
-    g = Graph()
+    (num_images, mm_tokens_per_image, text_hidden_size), both in the target's IO dtype; recorded on
+    `g` (a new Graph by default). Three dimensions make onnxruntime-genai size the features for
+    every image (it allocates num_images x 256 rows for a 3-D output, 256 in all for a 2-D one)."""
+    g = g or Graph()
     dtype = ir.TensorType(ir.DataType.from_numpy(np.dtype(target.io_dtype)))
     pixels = ir.Value(name="pixel_values", type=dtype,
                       shape=ir.Shape(("num_images", c.num_channels, c.image_size, c.image_size)))
     features = build(g, pixels, ckpt, c, target)
     features.name = "image_features"
-    features.type, features.shape = dtype, ir.Shape(("num_image_tokens", c.text_hidden_size))
+    features.type = dtype
+    features.shape = ir.Shape(("num_images", c.mm_tokens_per_image, c.text_hidden_size))
     return g.model([pixels], [features])

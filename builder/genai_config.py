@@ -19,10 +19,11 @@ SEARCH_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p":
 
 def genai_config(
     info: DecoderInfo, target: Target, generation: dict[str, Any], search: dict[str, Any] | None = None,
-    filename: str = "model.onnx",
+    filename: str = "model.onnx", inputs_embeds: bool = False,
 ) -> dict[str, Any]:
     """The decoder's genai_config.json. generation_config.json's token ids and sampling settings
-    override config.json's; the build's own `search` settings override both."""
+    override config.json's; the build's own `search` settings override both. `inputs_embeds`: the
+    decoder reads embeddings (a multimodal package's) instead of input_ids."""
     bos = generation.get("bos_token_id", info.bos_token_id)
     eos = token_ids(generation.get("eos_token_id")) or info.eos_token_ids
     pad = generation.get("pad_token_id", info.pad_token_id)
@@ -37,7 +38,7 @@ def genai_config(
         "head_size": info.head_size,
         "hidden_size": info.hidden_size,
         "inputs": {
-            "input_ids": "input_ids",
+            **({"inputs_embeds": "inputs_embeds"} if inputs_embeds else {"input_ids": "input_ids"}),
             "attention_mask": "attention_mask",
             "past_key_names": PAST_KEY,
             "past_value_names": PAST_VALUE,
@@ -84,6 +85,28 @@ def genai_config(
             **(search or {}),
         },
     }
+
+
+def with_vision(config: dict[str, Any], model_type: str, vision: str, processor: str, embedding: str) -> dict[str, Any]:
+    """`config` (a decoder reading inputs_embeds) as onnxruntime-genai's vision-language pipeline:
+    the vision model (pixel_values -> image_features, its image processor file) and the embedding
+    model (input_ids and image_features -> inputs_embeds) run before the decoder."""
+    model = config["model"]
+    session = model["decoder"]["session_options"]
+    model = {
+        **model,
+        "type": model_type,
+        "vision": {
+            "filename": vision, "config_filename": processor, "session_options": session,
+            "inputs": {"pixel_values": "pixel_values"}, "outputs": {"image_features": "image_features"},
+        },
+        "embedding": {
+            "filename": embedding, "session_options": session,
+            "inputs": {"input_ids": "input_ids", "image_features": "image_features"},
+            "outputs": {"inputs_embeds": "inputs_embeds"},
+        },
+    }
+    return {**config, "model": model}
 
 
 def write_genai_files(source: Path, dest: Path, config: dict[str, Any]) -> list[str]:

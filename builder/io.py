@@ -21,20 +21,26 @@ def _value(name: str, dtype: np.dtype | type, dims: tuple) -> ir.Value:
 
 @dataclass
 class DecoderIO:
-    """The graph inputs, and the output values once the decoder has produced them."""
+    """The graph inputs, and the output values once the decoder has produced them.
 
-    input_ids: ir.Value
+    A multimodal package's decoder reads `inputs_embeds` (batch, sequence, hidden) from its
+    embedding model instead of `input_ids`; `token_input` is whichever of the two the graph has."""
+
+    input_ids: ir.Value | None
     attention_mask: ir.Value
     past: list[tuple[ir.Value, ir.Value]]
     io_dtype: np.dtype
     kv_dims: tuple[int, int]  # (num_kv_heads, head_size)
     windowed_layers: frozenset[int] = frozenset()
+    inputs_embeds: ir.Value | None = None
 
     @classmethod
     def create(
-        cls, num_layers: int, num_kv_heads: int, head_size: int, io_dtype: np.dtype, windowed_layers=()
+        cls, num_layers: int, num_kv_heads: int, head_size: int, io_dtype: np.dtype, windowed_layers=(),
+        embeds_width: int | None = None,
     ) -> DecoderIO:
-        """`windowed_layers` keep a window-long KV ring buffer (see Target.windowed_kv_cache)."""
+        """`windowed_layers` keep a window-long KV ring buffer (see Target.windowed_kv_cache);
+        `embeds_width` (the hidden size) makes the decoder read inputs_embeds instead of input_ids."""
         windowed = frozenset(windowed_layers)
 
         def kv(i: int, pattern: str) -> ir.Value:
@@ -42,18 +48,24 @@ class DecoderIO:
             return _value(pattern % i, io_dtype, (BATCH, num_kv_heads, length, head_size))
 
         past = [(kv(i, PAST_KEY), kv(i, PAST_VALUE)) for i in range(num_layers)]
+        embeds = None if embeds_width is None else _value("inputs_embeds", io_dtype, (BATCH, SEQUENCE, embeds_width))
         return cls(
-            input_ids=_value("input_ids", np.int64, (BATCH, SEQUENCE)),
+            input_ids=_value("input_ids", np.int64, (BATCH, SEQUENCE)) if embeds is None else None,
             attention_mask=_value("attention_mask", np.int64, (BATCH, TOTAL)),
             past=past,
             io_dtype=np.dtype(io_dtype),
             kv_dims=(num_kv_heads, head_size),
             windowed_layers=windowed,
+            inputs_embeds=embeds,
         )
 
     @property
+    def token_input(self) -> ir.Value:
+        return self.input_ids if self.inputs_embeds is None else self.inputs_embeds
+
+    @property
     def inputs(self) -> list[ir.Value]:
-        return [self.input_ids, self.attention_mask, *(v for kv in self.past for v in kv)]
+        return [self.token_input, self.attention_mask, *(v for kv in self.past for v in kv)]
 
     def outputs(self, logits: ir.Value, vocab_size: int, presents: list[tuple[ir.Value, ir.Value]]) -> list[ir.Value]:
         """Names and types the final values as the contract's outputs."""

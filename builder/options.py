@@ -123,6 +123,8 @@ class BuildOptions:
     windowed_kv_cache: bool = option(False, bool, "sliding-window layers keep window-long ring-buffer KV "
                                      "caches: less memory, but onnxruntime-genai then needs max_length >= the "
                                      "window and batches of equal-length prompts (default: full-length caches)")
+    text_only: bool = option(False, bool, "image-and-text models (Gemma 3 4b/12b/27b): build the text decoder "
+                             "alone instead of the multimodal package (vision, embedding and decoder models)")
     cache_dir: str | None = option(None, str, "Hugging Face cache folder for downloads (default: huggingface_hub's, "
                                    "HF_HOME / HF_HUB_CACHE)", short="-c")
     search: dict[str, Any] = option({}, dict, "genai_config.json search defaults (YAML only), e.g. {top_k: 40}")

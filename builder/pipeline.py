@@ -20,7 +20,7 @@ from builder import gguf_tokenizer, hub, lora, record
 from builder.architecture import DecoderInfo, decoder_info
 from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
-from builder.genai_config import genai_config, write_genai_files
+from builder.genai_config import genai_config, with_vision, write_genai_files
 from builder.graph import Graph
 from builder.hf_config import read_json
 from builder.hub import TOKENIZER_FILES
@@ -38,10 +38,10 @@ from builder.preflight import (
     warn_if_no_tokenizer,
 )
 from builder.record import hash_inputs
-from builder.report import Estimate, estimate
+from builder.report import Estimate, combined, estimate
 from builder.units import human
 from builder.version import __version__
-from builder.writer import check_output, save_model, staged_folder
+from builder.writer import MODEL_STEM, check_output, save_models, staged_folder
 
 log = logging.getLogger("builder")
 
@@ -61,10 +61,12 @@ class Plan:
     graph_sources: dict[str, tuple[str, ...]]  # initializer -> the checkpoint tensors it reads
     gguf_metadata: dict[str, Any] | None = None  # a GGUF source's metadata (its tokenizer)
     adapter: lora.Adapter | None = None  # a LoRA adapter merged into the weights
+    package: Any = None  # an image-and-text model's other models (architectures.PACKAGES), or None
+    estimates: dict[str, Estimate] | None = None  # each model's own (file stem -> estimate)
 
     @property
     def parameters(self) -> int:
-        """Parameters the model uses (a multimodal checkpoint's vision tower is not counted)."""
+        """Parameters the models use (a text-only build of a multimodal checkpoint: the decoder's)."""
         used = {n for names in self.graph_sources.values() for n in names}
         return sum(math.prod(self.checkpoint.info(n).shape) for n in used)
 
@@ -109,13 +111,16 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     if target.context_length:
         info = dataclasses.replace(info, context_length=target.context_length)
     checkpoint, adapter = open_checkpoint(inp, options)
+    packager = None if options.text_only or inp.gguf is not None else architectures.load_package(names[0])
+    package = packager.package(raw, folder, checkpoint, config, target) if packager is not None else None
 
     g = Graph()
     check_windowed_cache(info, options)
     windowed = info.sliding_window_layers if target.windowed_kv_cache else []
-    io = DecoderIO.create(info.num_layers, info.num_kv_heads, info.head_size, target.io_dtype, windowed)
+    io = DecoderIO.create(info.num_layers, info.num_kv_heads, info.head_size, target.io_dtype, windowed,
+                          embeds_width=info.hidden_size if package is not None else None)
     logits, presents = module.build(g, io, checkpoint, config, target)
-    checkpoint.check_consumed(module.IGNORED)
+    checkpoint.check_consumed(module.IGNORED if package is None else package.ignored)
     if target.quantization is not None:
         check_float_layers(target.quantization.float_layers, g.linears)
         check_float_layers(tuple(options.int8_layers), g.linears, "--int8-layers")
@@ -127,9 +132,19 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
 
     generation_path = folder / "generation_config.json"
     generation = read_json(generation_path, "model") if inp.gguf is None and generation_path.is_file() else {}
-    source_bytes = {name: [checkpoint.info(s).nbytes for s in srcs] for name, srcs in g.sources.items()}
-    return Plan(folder, names[0], config, info, checkpoint, model, generation,
-                estimate(model, source_bytes), dict(g.sources), inp.gguf_metadata, adapter)
+    sources = dict(g.sources)
+    estimates = {MODEL_STEM: estimate(model, _source_bytes(checkpoint, g.sources))}
+    for stem, part in package.models.items() if package is not None else ():
+        RemoveUnusedNodesPass()(part)
+        TopologicalSortPass()(part)
+        sources.update({f"{stem}:{name}": srcs for name, srcs in package.sources[stem].items()})
+        estimates[stem] = estimate(part, _source_bytes(checkpoint, package.sources[stem]))
+    return Plan(folder, names[0], config, info, checkpoint, model, generation, combined(list(estimates.values())),
+                sources, inp.gguf_metadata, adapter, package, estimates)
+
+
+def _source_bytes(checkpoint: Checkpoint, sources: dict[str, tuple[str, ...]]) -> dict[str, list[int]]:
+    return {name: [checkpoint.info(s).nbytes for s in srcs] for name, srcs in sources.items()}
 
 
 def check_windowed_cache(info: DecoderInfo, options: BuildOptions) -> None:
@@ -147,10 +162,21 @@ def check_windowed_cache(info: DecoderInfo, options: BuildOptions) -> None:
         )
 
 
+def genai_json(p: Plan, options: BuildOptions) -> dict[str, Any]:
+    """genai_config.json: the decoder's, or a multimodal package's pipeline."""
+    config = genai_config(p.info, options.target(), p.generation, options.search, inputs_embeds=p.package is not None)
+    if p.package is None:
+        return config
+    k = p.package
+    return with_vision(config, k.model_type, f"{k.vision_file}.onnx", k.processor_file, f"{k.embedding_file}.onnx")
+
+
 def describe(p: Plan, options: BuildOptions) -> str:
     """The plan in words: what --dry-run prints."""
     e = p.estimate
-    genai = len(json.dumps(genai_config(p.info, options.target(), p.generation, options.search), indent=4))
+    genai = len(json.dumps(genai_json(p, options), indent=4))
+    parts = [f"  {stem + '.onnx.data':16s} {human(part.data_bytes)}" for stem, part in (p.estimates or {}).items()
+             if stem != MODEL_STEM]
     tokenizer = {n: (p.source / n).stat().st_size for n in TOKENIZER_FILES if (p.source / n).is_file()}
     lines = [
         f"architecture     {p.architecture} ({p.info.model_type}), {p.info.num_layers} layers, "
@@ -161,8 +187,9 @@ def describe(p: Plan, options: BuildOptions) -> str:
         f"context {p.info.context_length}",
         "operators        " + ", ".join(f"{op} {n}" for op, n in e.ops.items()),
         f"output           {options.output_folder}",
-        f"  model.onnx       ~{human(e.proto_bytes)}",
-        f"  model.onnx.data  {human(e.data_bytes)}",
+        f"  model.onnx       ~{human(e.proto_bytes)}" + (" (all the .onnx files)" if parts else ""),
+        f"  model.onnx.data  {human((p.estimates or {MODEL_STEM: e})[MODEL_STEM].data_bytes)}",
+        *parts,
         f"  genai_config.json ~{human(genai)}",
         *(f"  {n:16s} {human(size)}" for n, size in tokenizer.items()),
         f"disk needed      {human(disk_need(p, options))}",
@@ -217,9 +244,12 @@ def build(options: BuildOptions, progress: bool = True) -> Path:
     try:
         with staged_folder(output, options.overwrite, [folder]) as staging:
             with timed("write weights"):
-                save_model(p.model, staging, progress=progress)
+                save_models({MODEL_STEM: p.model, **(p.package.models if p.package is not None else {})}, staging,
+                            progress=progress)
             with timed("genai files"):
-                write_genai_files(folder, staging, genai_config(p.info, options.target(), p.generation, options.search))
+                write_genai_files(folder, staging, genai_json(p, options))
+                if p.package is not None:
+                    (staging / p.package.processor_file).write_text(json.dumps(p.package.processor, indent=2) + "\n")
                 if p.gguf_metadata is not None:
                     gguf_tokenizer.write_tokenizer(p.gguf_metadata, staging)
             with timed("hashing inputs"):

@@ -52,3 +52,13 @@ def estimate(model: ir.Model, sources: dict[str, list[int]]) -> Estimate:
     peak = BASE_RSS + sum(per_tensor[:MAX_WORKERS]) + MAX_WORKERS * QUANTIZE_SCRATCH
     ops = collections.Counter(f"{n.domain + '::' if n.domain else ''}{n.op_type}" for n in model.graph.all_nodes())
     return Estimate(data, proto, peak, dict(sorted(ops.items())))
+
+
+def combined(estimates: list[Estimate]) -> Estimate:
+    """A package of models written one after another: sizes and operators add up, the peak is the
+    largest of theirs."""
+    ops = collections.Counter()
+    for e in estimates:
+        ops.update(e.ops)
+    return Estimate(sum(e.data_bytes for e in estimates), sum(e.proto_bytes for e in estimates),
+                    max(e.peak_rss for e in estimates), dict(sorted(ops.items())))

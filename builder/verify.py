@@ -133,9 +133,10 @@ def verify(options: BuildOptions, output: Path, folder: Path, quiet: bool = Fals
     ids = _prompt(folder, genai["vocab_size"])
     dtype = np.float16 if options.resolved_io_dtype == "fp16" else np.float32
     names = [o.name for o in session.get_outputs()]
+    embed = _embedder(output, genai, decoder["hidden_size"])
 
     def run(tokens, past, total):
-        feed = {"input_ids": np.array([tokens], np.int64), "attention_mask": np.ones((1, total), np.int64)}
+        feed = {**embed(np.array([tokens], np.int64)), "attention_mask": np.ones((1, total), np.int64)}
         for i in range(decoder["num_hidden_layers"]):
             cap = window["window_size"] if i in window.get("layers", []) else 0
             for kind in ("key", "value"):
@@ -159,3 +160,16 @@ def verify(options: BuildOptions, output: Path, folder: Path, quiet: bool = Fals
         kind = "int4"
     min_cos, min_top1 = TOLERANCE[kind]
     return Verdict(diff, diff / float(np.abs(want).max()), cosine, top1, cosine >= min_cos and top1 >= min_top1)
+
+
+def _embedder(output: Path, genai: dict, hidden: int):
+    """The decoder's token input for ids: input_ids, or a multimodal package's embedding model's
+    inputs_embeds for a text-only prompt (no image feature rows)."""
+    import onnxruntime as ort
+
+    if "embedding" not in genai:
+        return lambda ids: {"input_ids": ids}
+    session = ort.InferenceSession(str(output / genai["embedding"]["filename"]), providers=["CPUExecutionProvider"])
+    kind = {i.name: i.type for i in session.get_inputs()}["image_features"]
+    empty = np.zeros((1, 0, hidden), np.float16 if kind == "tensor(float16)" else np.float32)
+    return lambda ids: {"inputs_embeds": session.run(None, {"input_ids": ids, "image_features": empty})[0]}

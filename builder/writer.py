@@ -20,8 +20,7 @@ import onnx_ir as ir
 from builder.errors import BuildError
 from builder.target import Target
 
-MODEL_FILE = "model.onnx"
-DATA_FILE = "model.onnx.data"
+MODEL_STEM = "model"  # the decoder: model.onnx and model.onnx.data
 # Every output holds one; only a folder with it may be replaced (--overwrite).
 RECORD_FILE = "build.yaml"
 # Bytes of materialized tensors the writer may hold at once (beyond the one being written).
@@ -83,11 +82,18 @@ def reuse_freed_memory() -> None:
     libc.mallopt(m_trim_threshold, 1 << 30)
 
 
-def save_model(model: ir.Model, folder: Path, progress: bool = True) -> None:
-    """ir.save with every initializer in one external file, each lazy weight computed as it is written."""
+def save_model(model: ir.Model, folder: Path, progress: bool = True, stem: str = MODEL_STEM) -> None:
+    """ir.save to `stem`.onnx with every initializer in one external file (`stem`.onnx.data), each
+    lazy weight computed as it is written."""
+    save_models({stem: model}, folder, progress)
+
+
+def save_models(models: dict[str, ir.Model], folder: Path, progress: bool = True) -> None:
+    """save_model for each (file stem -> model), one after another, under one progress report."""
     reuse_freed_memory()
-    # The writer reports the tensors it writes to model.onnx.data; small constants stay inline.
-    total = sum(n for v in model.graph.initializers.values() if (n := v.const_value.nbytes) > INLINE_BYTES)
+    # The writer reports the tensors it writes to the .onnx.data files; small constants stay inline.
+    total = sum(n for m in models.values() for v in m.graph.initializers.values()
+                if (n := v.const_value.nbytes) > INLINE_BYTES)
     report = Progress(total, "reading, converting and writing weights") if progress else None
 
     def callback(tensor: ir.TensorProtocol, _info) -> None:
@@ -97,16 +103,17 @@ def save_model(model: ir.Model, folder: Path, progress: bool = True) -> None:
     gc_was_enabled = gc.isenabled()
     gc.disable()  # the writer allocates no cycles; collections only cost time (6% in a profile)
     try:
-        ir.save(
-            model,
-            folder / MODEL_FILE,
-            external_data=DATA_FILE,
-            # Shapes and axes stay inline, where ONNX Runtime's shape inference reads them.
-            size_threshold_bytes=INLINE_BYTES,
-            callback=callback,
-            max_workers=MAX_WORKERS,
-            max_in_flight_bytes=MAX_IN_FLIGHT_BYTES,
-        )
+        for stem, model in models.items():
+            ir.save(
+                model,
+                folder / f"{stem}.onnx",
+                external_data=f"{stem}.onnx.data",
+                # Shapes and axes stay inline, where ONNX Runtime's shape inference reads them.
+                size_threshold_bytes=INLINE_BYTES,
+                callback=callback,
+                max_workers=MAX_WORKERS,
+                max_in_flight_bytes=MAX_IN_FLIGHT_BYTES,
+            )
     finally:
         if gc_was_enabled:
             gc.enable()

@@ -112,10 +112,10 @@ def test_failure_while_saving_leaves_no_output(tiny_llama, tmp_path, monkeypatch
     def explode(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("builder.pipeline.save_model", explode)
+    monkeypatch.setattr("builder.pipeline.save_models", explode)
     assert main(["-m", str(tiny_llama), "-o", str(tmp_path / "out"), "-q"]) == 130
     assert list(tmp_path.iterdir()) == []
-    assert save_module.MODEL_FILE == "model.onnx"
+    assert save_module.MODEL_STEM == "model"
 
 
 def test_unknown_architecture(tiny_llama, tmp_path, capsys):

@@ -39,17 +39,18 @@ def make_gemma(folder, name):
     return make_checkpoint(folder, config_class, **{**GEMMA, **overrides})
 
 
-def make_gemma3_multimodal(folder, hub_layout: bool, **vision_overrides):
+def make_gemma3_multimodal(folder, hub_layout: bool, text=None, tokens=None, **vision_overrides):
     """A tiny Gemma3ForConditionalGeneration, its tensors named as the hub's -it checkpoints store
     them (`hub_layout`: language_model.model.*, vision_tower.vision_model.*) or as transformers 5's
     modules hold them (model.language_model.*, model.vision_tower.*).
-    `vision_overrides` change the vision_config (tests/test_gemma3_vision.py pools 4x4 patches)."""
-    text = {**GEMMA, **VARIANTS["gemma3"][1]}
+    `vision_overrides` change the vision_config (tests/test_gemma3_vision.py pools 4x4 patches),
+    `text` the text_config and `tokens` the special token ids."""
+    text = {**GEMMA, **VARIANTS["gemma3"][1], **(text or {})}
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
                   image_size=28, patch_size=14)
     vision.update(vision_overrides)
-    cfg = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
-                                    image_token_index=250, boi_token_index=251, eoi_token_index=252, eos_token_id=255)
+    ids = {**dict(image_token_index=250, boi_token_index=251, eoi_token_index=252, eos_token_id=255), **(tokens or {})}
+    cfg = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4, **ids)
     make_checkpoint(folder, "Gemma3Config", **cfg.to_dict())
     # save_pretrained's own names vary by transformers version: rename every tensor explicitly.
     tensors = load_file(folder / "model.safetensors")
@@ -100,7 +101,7 @@ def test_genai_greedy_matches_transformers(variant, tmp_path):
 @pytest.mark.parametrize("hub_layout", [False, True], ids=["transformers-layout", "hub-layout"])
 def test_gemma3_multimodal_text_decoder(tmp_path, hub_layout):
     source = make_gemma3_multimodal(tmp_path / "src", hub_layout)
-    out = build(source, tmp_path / "out", "-p", "fp32")
+    out = build(source, tmp_path / "out", "-p", "fp32", "--text-only")
     cfg = json.loads((out / "genai_config.json").read_text())
     assert cfg["model"]["type"] == "gemma3_text" and cfg["model"]["eos_token_id"] == 255
     model = transformers.AutoModelForImageTextToText.from_pretrained(source, dtype=torch.float32).eval()

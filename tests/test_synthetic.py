@@ -41,7 +41,9 @@ def shrunk(config: dict) -> dict:
         pairs = int(64 * text.get("partial_rotary_factor", 1.0)) // 2
         rope["short_factor"], rope["long_factor"] = [1.0] * pairs, [2.0] * pairs
     if "vision_config" in c:
-        c["vision_config"].update(hidden_size=32, intermediate_size=64, num_hidden_layers=1, image_size=28)
+        # 16x16 patches: the 256 image tokens onnxruntime-genai expects, unpooled.
+        patch = c["vision_config"].get("patch_size", 14)
+        c["vision_config"].update(hidden_size=32, intermediate_size=64, num_hidden_layers=1, image_size=16 * patch)
     return c
 
 

@@ -1,0 +1,141 @@
+"""Gemma 3's image-and-text package (gemma-3-4b/12b/27b-it) for onnxruntime-genai's multimodal API.
+
+Three models, as onnxruntime-genai's `gemma3` pipeline runs them:
+- vision.onnx: pixel_values (images, 3, S, S) -> image_features (images, 256, text hidden), the SigLIP
+  tower and projector of architectures/gemma3_vision.py;
+- embedding.onnx: input_ids and image_features (images, 256, text hidden) -> inputs_embeds: the
+  token embeddings times √hidden (as the text decoder does them), with the image features,
+  unscaled, in the rows whose id is the image token, in order (Gemma3Model.forward's
+  masked_scatter). onnxruntime-genai sends the features at the prompt and zero rows at every later
+  step: image tokens without a feature row keep their text embedding, as in transformers without
+  pixel_values;
+- model.onnx: the text decoder of architectures/gemma.py reading inputs_embeds.
+
+Precision: the decoder follows the build. The vision model is never quantized; it runs in the
+activation dtype for fp32 and fp16 builds (fp16 keeps its residual stream in float32: relative
+error 1e-3 against transformers) and in float32 for bf16 builds, whose 8-bit mantissa would cost the
+encoder accuracy for no memory that matters (0.4 B parameters beside the decoder).
+
+What the runtime cannot do: transformers lets an image's tokens attend to each other in both
+directions (token_type_ids); onnxruntime-genai's decoder is causal (GroupQueryAttention), as in
+Microsoft's own Gemma 3 packages, so image tokens here see only the image tokens before them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from architectures import gemma3_vision
+from architectures.gemma import GemmaConfig, text_prefix
+from builder.architecture import vocabulary
+from builder.checkpoint import Checkpoint
+from builder.errors import BuildError
+from builder.graph import Graph
+from builder.hf_config import read_json
+from builder.image_processor import PROCESSOR_FILE, extensions_processor
+from builder.io import BATCH, SEQUENCE
+from builder.target import Target
+
+log = logging.getLogger("builder")
+
+# onnxruntime-genai 0.18's Gemma 3 processor expands every image to this many tokens and sizes
+# image_features for them (src/models/gemma_image_processor.cpp: image_seq_length).
+GENAI_IMAGE_TOKENS = 256
+MODEL_TYPE = "gemma3"
+VISION_FILE, EMBEDDING_FILE = "vision", "embedding"
+# transformers' Gemma3ImageProcessor defaults for keys preprocessor_config.json leaves out.
+PROCESSOR_DEFAULTS = {"resample": 2, "rescale_factor": 1 / 255, "do_normalize": True,
+                      "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]}
+# Gemma3Config's default image token (<image_soft_token>).
+DEFAULT_IMAGE_TOKEN = 262_144
+IGNORED = gemma3_vision.IGNORED
+
+
+@dataclass
+class Package:
+    """The models beside the decoder (file stem -> model) and what genai_config.json says of them."""
+
+    models: dict[str, ir.Model]
+    sources: dict[str, dict[str, tuple[str, ...]]]  # file stem -> initializer -> checkpoint tensors read
+    processor: dict[str, Any]
+    model_type: str = MODEL_TYPE
+    vision_file: str = VISION_FILE
+    embedding_file: str = EMBEDDING_FILE
+    processor_file: str = PROCESSOR_FILE
+    ignored: tuple[str, ...] = IGNORED
+
+
+def has_vision(ckpt: Checkpoint) -> bool:
+    return any(p + "embeddings.patch_embedding.weight" in ckpt for p in gemma3_vision.TOWER_PREFIXES)
+
+
+def package(raw: dict[str, Any], folder: Path, ckpt: Checkpoint, text: GemmaConfig, target: Target) -> Package | None:
+    """The vision and embedding models for a Gemma3ForConditionalGeneration checkpoint, or None
+    (and a note) when it carries no vision tower."""
+    if not has_vision(ckpt):
+        log.info("the checkpoint has no vision tower: building the text decoder only")
+        return None
+    vc = gemma3_vision.parse_config(raw)
+    if vc.mm_tokens_per_image != GENAI_IMAGE_TOKENS:
+        raise BuildError(f"mm_tokens_per_image is {vc.mm_tokens_per_image}, but onnxruntime-genai 0.18 expands "
+                         f"every image to {GENAI_IMAGE_TOKENS} tokens; pass --text-only for the decoder alone")
+    image_token = raw.get("image_token_id", raw.get("image_token_index", DEFAULT_IMAGE_TOKEN))
+    vision_dtype = np.dtype(np.float32) if target.io_dtype != np.float16 else target.io_dtype
+    vision_target = Target(io_dtype=vision_dtype, execution_provider=target.execution_provider)
+    preprocessor = folder / "preprocessor_config.json"
+    pre = read_json(preprocessor, "model") if folder.is_dir() and preprocessor.is_file() else {}
+    vision, embedding = Graph(), Graph()
+    return Package(
+        models={
+            VISION_FILE: gemma3_vision.vision_model(ckpt, vc, vision_target, vision),
+            EMBEDDING_FILE: embedding_model(ckpt, text, image_token, vision_dtype, target, embedding),
+        },
+        sources={VISION_FILE: vision.sources, EMBEDDING_FILE: embedding.sources},
+        processor=extensions_processor(pre, vc.image_size, "gemma_3_image_processing", PROCESSOR_DEFAULTS),
+    )
+
+
+def embedding_model(ckpt: Checkpoint, c: GemmaConfig, image_token: int, features_dtype: np.dtype,
+                    target: Target, g: Graph | None = None) -> ir.Model:
+    """input_ids (batch, sequence) and image_features (images, tokens, hidden) in `features_dtype` ->
+    inputs_embeds (batch, sequence, hidden) in the target's IO dtype; recorded on `g`."""
+    H = c.hidden_size
+    g = g or Graph()
+    ids = ir.Value(name="input_ids", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape((BATCH, SEQUENCE)))
+    features = ir.Value(name="image_features", type=_type(features_dtype),
+                        shape=ir.Shape(("num_images", "num_image_tokens", H)))
+    prefix = text_prefix(ckpt)
+    base = prefix if prefix.startswith("model.") else prefix + "model."
+    vocab = vocabulary(g, ckpt, target, (c.vocab_size, H), c.tie_word_embeddings, embed=base + "embed_tokens.weight")
+    is_image = g.op.Equal(ids, g.constant(image_token, np.int64))
+    # An image token past the vocabulary (transformers' check) is looked up as token 0, then replaced.
+    lookup = g.op.Where(is_image, g.constant(0, np.int64), ids) if image_token >= c.vocab_size else ids
+    text = vocab.embed(g, lookup, scale=float(np.sqrt(H)))  # (B, S, H)
+    with g.scope("merge_image_features"):
+        feature_rows = g.op.Reshape(features, g.constant([-1, H], np.int64))  # every image's rows, in order
+        rows = g.op.Shape(feature_rows, start=0, end=1)  # (1,)
+        flat = g.op.Reshape(is_image, g.constant([-1], np.int64))
+        # The n-th image token (row-major over batch and sequence) takes feature row n.
+        nth = g.op.Sub(g.op.CumSum(g.op.Cast(flat, to=ir.DataType.INT64), g.constant(0, np.int64)),
+                       g.constant(1, np.int64))
+        filled = g.op.And(flat, g.op.Less(nth, rows))
+        padded = g.op.Concat(g.op.Cast(feature_rows, to=_type(target.io_dtype).dtype),
+                             g.op.Expand(g.constant(0, target.io_dtype), g.constant([1, H], np.int64)),
+                             axis=0)  # row `rows`, zeros: what unfilled positions gather (then discarded)
+        picked = g.op.Gather(padded, g.op.Where(filled, nth, rows), axis=0)  # (B·S, H)
+        picked = g.op.Reshape(picked, g.op.Shape(text))
+        mask = g.op.Unsqueeze(g.op.Reshape(filled, g.op.Shape(ids)), g.constant([-1], np.int64))
+        embeds = g.op.Where(mask, picked, text)
+    embeds.name, embeds.type = "inputs_embeds", _type(target.io_dtype)
+    embeds.shape = ir.Shape((BATCH, SEQUENCE, H))
+    return g.model([ids, features], [embeds])
+
+
+def _type(dtype: np.dtype) -> ir.TensorType:
+    return ir.TensorType(ir.DataType.from_numpy(np.dtype(dtype)))

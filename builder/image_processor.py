@@ -1,0 +1,60 @@
+"""The image processor file onnxruntime-genai reads (onnxruntime-extensions' JSON: decode → resize →
+rescale → normalize → channel-first), written from a checkpoint's preprocessor_config.json.
+
+It is not Hugging Face's processor_config.json, which some checkpoints also ship with other
+content: the output names it PROCESSOR_FILE so that neither shadows the other. onnxruntime-extensions
+decodes images to RGB itself (a second RGB conversion would swap the channels back), and its Resize
+takes Pillow's filters by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from builder.errors import BuildError
+
+PROCESSOR_FILE = "vision_processor.json"
+
+# Pillow's resample codes (Image.Resampling) -> onnxruntime-extensions' Resize interpolation names.
+INTERPOLATION = {0: "NEAREST", 1: "LANCZOS", 2: "LINEAR", 3: "CUBIC"}
+PILLOW_NAMES = {4: "BOX", 5: "HAMMING"}
+
+
+def extensions_processor(pre: dict[str, Any], image_size: int, name: str, defaults: dict[str, Any]) -> dict[str, Any]:
+    """The processor JSON resizing to `image_size` squares; `pre` is preprocessor_config.json, whose
+    missing keys take `defaults` (the transformers image processor's). Refuses, naming the key, what
+    onnxruntime-extensions cannot do the same way."""
+    pre = {**defaults, **{k: v for k, v in pre.items() if v is not None}}
+    size = pre.get("size") or {}
+    height, width = size.get("height", image_size), size.get("width", image_size)
+    if (height, width) != (image_size, image_size):
+        raise BuildError(f"preprocessor_config.json resizes to {height}x{width}, but the vision model takes "
+                         f"{image_size}x{image_size} images")
+    if not pre.get("do_resize", True) or not pre.get("do_rescale", True):
+        raise BuildError("preprocessor_config.json turns off do_resize or do_rescale; onnxruntime-genai's image "
+                         "processor always resizes and rescales")
+    if pre.get("do_pan_and_scan"):
+        raise BuildError("preprocessor_config.json sets do_pan_and_scan; onnxruntime-genai's Gemma 3 processor "
+                         "sends one 896-pixel view per image (pass --text-only, or turn pan-and-scan off)")
+    resample = pre.get("resample", 2)
+    if resample not in INTERPOLATION:
+        raise BuildError(f"preprocessor_config.json resample {resample} ({PILLOW_NAMES.get(resample, 'unknown')}): "
+                         f"onnxruntime-extensions resizes only with {', '.join(INTERPOLATION.values())}")
+    transforms: list[dict[str, Any]] = [
+        _op("decode_image", "DecodeImage", color_space="RGB"),
+        _op("resize", "Resize", interpolation=INTERPOLATION[resample], width=width, height=height,
+            keep_aspect_ratio=0),
+        _op("rescale", "Rescale", rescale_factor=float(pre.get("rescale_factor", 1 / 255))),
+    ]
+    if pre.get("do_normalize", True):
+        transforms.append(_op("normalize", "Normalize", mean=[float(m) for m in pre["image_mean"]],
+                              std=[float(s) for s in pre["image_std"]]))
+    transforms.append(_op("to_channel_first", "Permute3D", dims=[2, 0, 1]))
+    return {"processor": {"name": name, "transforms": transforms}}
+
+
+def _op(name: str, kind: str, **attrs: Any) -> dict[str, Any]:
+    operation: dict[str, Any] = {"name": name, "type": kind}
+    if attrs:
+        operation["attrs"] = attrs
+    return {"operation": operation}
