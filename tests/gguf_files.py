@@ -26,6 +26,31 @@ GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
 MERGES = ["Ġ t", "h e", "Ġt he"]
 VOCAB = 256 + len(MERGES) + 2  # bytes, merges, <|endoftext|> (control), <think> (user-defined)
 
+# SentencePiece vocabularies (`tokenizer.ggml.model` "llama"), in llama.cpp's token types: 1 normal,
+# 2 unknown, 3 control, 4 user-defined, 6 byte. Llama 2 / Mistral style: <unk> <s> </s>, the 256
+# byte pieces, pieces scored best first, Mistral v0.3's control [INST] [/INST]; digits stay single.
+BYTES = [f"<0x{b:02X}>" for b in range(256)]
+PIECES = ["▁▁", "▁t", "he", "▁the", "ll", "▁he", "llo", "▁hello", "▁w", "or", "▁wor", "ld", "▁world", "▁▁▁▁",
+          "in", "▁in", "er", "▁H", "ello", "▁a", "▁▁▁▁▁▁▁▁", "ü", "▁", "e", "t", "h", "l", "o", "w", "r", "d", "a",
+          "i", "n", "H", "é", "1", "2", ".", "(", ")", ":"]
+LLAMA_SPM = dict(
+    tokens=["<unk>", "<s>", "</s>", *BYTES, *PIECES, "[INST]", "[/INST]"],
+    types=[2, 3, 3, *[6] * 256, *[1] * len(PIECES), 3, 3],
+    scores=[0.0, 0.0, 0.0, *[0.0] * 256, *[-float(i) for i in range(len(PIECES))], 0.0, 0.0],
+    bos=1, eos=2, unk=0, pad=None)
+# Gemma style: <pad> <eos> <bos> <unk> <mask> first, turn markers user-defined, whitespace pieces
+# stored with real spaces (user-defined), no merges and scores that do not give the merge order.
+GEMMA_PIECES = ["\n", "\n\n", "▁t", "he", "▁the", "ll", "▁he", "llo", "▁hello", "▁w", "or", "▁wor", "ld", "▁world",
+                "in", "▁in", "▁a", "ü", "▁", "e", "t", "h", "l", "o", "w", "r", "d", "a", "i", "n", "u", "s", "m", "1",
+                "2", "é", "<", ">", "_"]
+GEMMA_SPM = dict(
+    tokens=["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>", "  ", "   ", "    ",
+            *BYTES, *GEMMA_PIECES],
+    types=[3, 3, 3, 2, 3, 4, 4, 4, 4, 4, *[6] * 256, *[1] * len(GEMMA_PIECES)],
+    scores=[0.0] * 10 + [0.0] * 256 + [float(i % 7) for i in range(len(GEMMA_PIECES))],
+    bos=2, eos=1, unk=3, pad=0)
+SPM = {"llama": LLAMA_SPM, "gemma": GEMMA_SPM}
+
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's printable spelling of each byte."""
@@ -86,9 +111,40 @@ def random_blocks(shape: tuple[int, ...], qtype) -> np.ndarray:
     return data
 
 
-def write_gguf(source: Path, path: Path, types: dict[str, str] | str = "F32", name: str = "tiny") -> Path:
+def write_vocab(w, arch: str, cfg: dict, vocab: str) -> None:
+    """The tokenizer metadata: the byte-level BPE vocabulary ("gpt2") or one of SPM's."""
+    if vocab in SPM:
+        spm = SPM[vocab]
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(spm["tokens"])
+        w.add_token_scores(spm["scores"])
+        w.add_token_types(spm["types"])
+        w.add_bos_token_id(spm["bos"])
+        w.add_eos_token_id(spm["eos"])
+        w.add_unk_token_id(spm["unk"])
+        if spm["pad"] is not None:
+            w.add_pad_token_id(spm["pad"])
+        w.add_add_space_prefix(vocab != "gemma")
+        w.add_chat_template("{{ bos_token }}{% for m in messages %}[INST] {{ m.content }} [/INST]{% endfor %}")
+        return
+    spelled = bytes_to_unicode()
+    tokens = [spelled[b] for b in range(256)] + [m.replace(" ", "") for m in MERGES] + ["<|endoftext|>", "<think>"]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2" if arch.startswith("qwen") else "llama-bpe")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * (len(tokens) - 2) + [3, 4])
+    w.add_token_merges(MERGES)
+    w.add_bos_token_id(len(tokens) - 2)
+    w.add_eos_token_id(cfg.get("eos_token_id") or len(tokens) - 2)
+    w.add_chat_template("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}")
+
+
+def write_gguf(source: Path, path: Path, types: dict[str, str] | str = "F32", name: str = "tiny",
+               vocab: str = "gpt2") -> Path:
     """Writes `source` (a transformers checkpoint folder) as a GGUF file. `types`: the GGML type of
-    every 2-D weight, or a {fnmatch pattern of the GGUF name: type} dict (first match; F32 otherwise)."""
+    every 2-D weight, or a {fnmatch pattern of the GGUF name: type} dict (first match; F32 otherwise).
+    `vocab`: "gpt2" (byte-level BPE) or a key of SPM (the source's vocab_size must match it)."""
     import fnmatch
 
     import gguf
@@ -115,16 +171,7 @@ def write_gguf(source: Path, path: Path, types: dict[str, str] | str = "F32", na
     w.add_value_length(head_dim)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     family_metadata(w, arch, cfg)
-    spelled = bytes_to_unicode()
-    tokens = [spelled[b] for b in range(256)] + [m.replace(" ", "") for m in MERGES] + ["<|endoftext|>", "<think>"]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2" if arch.startswith("qwen") else "llama-bpe")
-    w.add_token_list(tokens)
-    w.add_token_types([1] * (len(tokens) - 2) + [3, 4])
-    w.add_token_merges(MERGES)
-    w.add_bos_token_id(len(tokens) - 2)
-    w.add_eos_token_id(cfg.get("eos_token_id") or len(tokens) - 2)
-    w.add_chat_template("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}")
+    write_vocab(w, arch, cfg, vocab)
     tensors = {}
     for f in sorted(source.glob("*.safetensors")):
         tensors.update(load_file(f))
