@@ -68,6 +68,7 @@ FAMILIES = {
     "llama": Family("LlamaForCausalLM", permute_qk=True),
     "qwen2": Family("Qwen2ForCausalLM"),
     "qwen3": Family("Qwen3ForCausalLM"),
+    "gemma": Family("GemmaForCausalLM", norm_shift=1.0),  # plain pre-norm layers, no window or soft-cap
     "gemma2": Family("Gemma2ForCausalLM", names=GEMMA_NAMES, norm_shift=1.0, layers_27b=46, keys={
         **WINDOW, "attn_logit_softcapping": "attn_logit_softcapping",
         "final_logit_softcapping": "final_logit_softcapping"}),

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-ARCH = {"LlamaConfig": "llama", "Qwen2Config": "qwen2", "Qwen3Config": "qwen3", "Gemma2Config": "gemma2",
+ARCH = {"LlamaConfig": "llama", "Qwen2Config": "qwen2", "Qwen3Config": "qwen3", "GemmaConfig": "gemma",
+        "Gemma2Config": "gemma2",
         "Gemma3Config": "gemma3", "Phi3Config": "phi3"}
 GEMMA_NAMES = {"post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
                "post_feedforward_layernorm": "post_ffw_norm"}
@@ -202,3 +203,34 @@ def write_gguf(source: Path, path: Path, types: dict[str, str] | str = "F32", na
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def dequantized_checkpoint(path: Path, source: Path, folder: Path) -> Path:
+    """A transformers checkpoint of what a GGUF file holds: `source`'s config with every tensor
+    dequantized by gguf-py and mapped back (names, Llama's q/k rows, Gemma's 1 + weight) — the
+    reference for architectures transformers cannot load from GGUF (Gemma 1)."""
+    import shutil
+
+    import gguf
+    from safetensors.numpy import load_file, save_file
+
+    cfg = json.loads((source / "config.json").read_text())
+    arch = ARCH[cfg["architectures"][0].replace("ForCausalLM", "Config")]
+    names = {}
+    for f in sorted(source.glob("*.safetensors")):
+        names.update({gguf_name(hf, arch): hf for hf in load_file(f)})
+    tensors = {}
+    for t in gguf.GGUFReader(path).tensors:
+        value = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        hf = names.pop(t.name)
+        if arch == "llama" and hf.endswith(("q_proj.weight", "k_proj.weight")):
+            heads = cfg["num_attention_heads"] if "q_proj" in hf else cfg["num_key_value_heads"]
+            value = value.reshape(heads, value.shape[0] // heads // 2, 2, -1).swapaxes(1, 2).reshape(value.shape)
+        if arch.startswith("gemma") and hf.endswith("norm.weight"):
+            value = value - 1
+        tensors[hf] = np.ascontiguousarray(value)
+    assert not names, f"not in the GGUF: {sorted(names)}"
+    folder.mkdir(parents=True)
+    shutil.copy(source / "config.json", folder / "config.json")
+    save_file(tensors, folder / "model.safetensors")
+    return folder
