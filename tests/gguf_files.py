@@ -112,6 +112,35 @@ def random_blocks(shape: tuple[int, ...], qtype) -> np.ndarray:
     return data
 
 
+def rope_tensors(w, cfg: dict, head_dim: int) -> None:
+    """The rotary scaling llama.cpp's converter stores as tensors: Llama 3.1's llama3 scaling as
+    per-frequency factors (LlamaModel.generate_extra_tensors: the pretraining length read from the
+    top level, default 8192), Phi-3's LongRoPE factors (Phi3MiniModel), with its attention factor."""
+    import math
+
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if rope.get("rope_type") == "llama3":
+        freqs = 1.0 / (np.float32(rope["rope_theta"]) ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+        factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+        old = cfg.get("original_max_position_embeddings", 8192)
+        factors = []
+        for freq in freqs:
+            wavelen = 2 * math.pi / freq
+            if wavelen < old / high:
+                factors.append(1.0)
+            elif wavelen > old / low:
+                factors.append(factor)
+            else:
+                smooth = (old / wavelen - low) / (high - low)
+                factors.append(1 / ((1 - smooth) / factor + smooth))
+        w.add_tensor("rope_freqs.weight", np.asarray(factors, dtype=np.float32))
+    if rope.get("rope_type") == "longrope":
+        w.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], dtype=np.float32))
+        w.add_tensor("rope_factors_short.weight", np.asarray(rope["short_factor"], dtype=np.float32))
+        scale = cfg["max_position_embeddings"] / cfg["original_max_position_embeddings"]
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(cfg["original_max_position_embeddings"])))
+
+
 def write_vocab(w, arch: str, cfg: dict, vocab: str) -> None:
     """The tokenizer metadata: the byte-level BPE vocabulary ("gpt2") or one of SPM's."""
     if vocab in SPM:
@@ -173,6 +202,7 @@ def write_gguf(source: Path, path: Path, types: dict[str, str] | str = "F32", na
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     family_metadata(w, arch, cfg)
     write_vocab(w, arch, cfg, vocab)
+    rope_tensors(w, cfg, head_dim)
     tensors = {}
     for f in sorted(source.glob("*.safetensors")):
         tensors.update(load_file(f))
@@ -221,6 +251,8 @@ def dequantized_checkpoint(path: Path, source: Path, folder: Path) -> Path:
         names.update({gguf_name(hf, arch): hf for hf in load_file(f)})
     tensors = {}
     for t in gguf.GGUFReader(path).tensors:
+        if t.name.startswith("rope_"):  # rotary scaling, in the config
+            continue
         value = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
         hf = names.pop(t.name)
         if arch == "llama" and hf.endswith(("q_proj.weight", "k_proj.weight")):
