@@ -18,7 +18,11 @@ Phi-3's LongRoPE long/short factors.
 
 Tensor types: F32, F16 and BF16 are float weights. Q4_0 and Q8_0 blocks (32 values, one fp16
 scale, symmetric codes) are MatMulNBits' own layout: a quantized build writes them as stored,
-nothing lost (`lazy.Blocks`); a float build dequantizes them exactly. Q4_1, Q5_0, Q5_1 and the
+nothing lost (`lazy.Blocks`); a float build dequantizes them exactly. Decided: an int4 build of a
+Q8_0 tensor keeps its 8-bit blocks (8-bit MatMulNBits, lossless; 32 code bytes and a scale per 32
+values against int4's 16 and a scale, 1.8-1.9 times the bytes) rather than rounding them again to
+4 bits, which would stack a second rounding on the first; a user who wants int4 sizes builds from
+the float checkpoint, where int4 rounds the original weights once. Q4_1, Q5_0, Q5_1 and the
 K-quants (Q2_K..Q6_K) are dequantized exactly to float32 (gguf.quants, the same numbers transformers
 loads) and then take the build's precision: lossless in float, re-quantized in int4/int8.
 Any other type is refused by name.
