@@ -11,9 +11,18 @@ folds Gemma's RMSNorm offset in; transformers' Gemma2TensorProcessor subtracts 1
 Per family, some names differ: Gemma 2/3's sandwich norms (`post_attention_norm`, `ffn_norm` before
 the MLP, `post_ffw_norm`), Phi-3's fused `attn_qkv` and `ffn_up` (gate rows, then up rows).
 
+Rotary scaling that llama.cpp's converter stores as tensors (ROPE_TENSORS) is read into the config:
+Llama 3.1/3.2's llama3 scaling as per-frequency factors (`rope_freqs`: each frequency divided by its
+factor, as llama.cpp's rope does; transformers' GGUF loader skips it and builds the plain rotary),
+Phi-3's LongRoPE long/short factors.
+
 Tensor types: F32, F16 and BF16 are float weights. Q4_0 and Q8_0 blocks (32 values, one fp16
 scale, symmetric codes) are MatMulNBits' own layout: a quantized build writes them as stored,
-nothing lost (`lazy.Blocks`); a float build dequantizes them exactly. Q4_1, Q5_0, Q5_1 and the
+nothing lost (`lazy.Blocks`); a float build dequantizes them exactly. Decided: an int4 build of a
+Q8_0 tensor keeps its 8-bit blocks (8-bit MatMulNBits, lossless; 32 code bytes and a scale per 32
+values against int4's 16 and a scale, 1.8-1.9 times the bytes) rather than rounding them again to
+4 bits, which would stack a second rounding on the first; a user who wants int4 sizes builds from
+the float checkpoint, where int4 rounds the original weights once. Q4_1, Q5_0, Q5_1 and the
 K-quants (Q2_K..Q6_K) are dequantized exactly to float32 (gguf.quants, the same numbers transformers
 loads) and then take the build's precision: lossless in float, re-quantized in int4/int8.
 Any other type is refused by name.
@@ -68,6 +77,7 @@ FAMILIES = {
     "llama": Family("LlamaForCausalLM", permute_qk=True),
     "qwen2": Family("Qwen2ForCausalLM"),
     "qwen3": Family("Qwen3ForCausalLM"),
+    "gemma": Family("GemmaForCausalLM", norm_shift=1.0),  # plain pre-norm layers, no window or soft-cap
     "gemma2": Family("Gemma2ForCausalLM", names=GEMMA_NAMES, norm_shift=1.0, layers_27b=46, keys={
         **WINDOW, "attn_logit_softcapping": "attn_logit_softcapping",
         "final_logit_softcapping": "final_logit_softcapping"}),
@@ -201,7 +211,8 @@ class GGUFCheckpoint(Checkpoint):
             raise BuildError(f"{path}: not a readable GGUF file ({e})") from None
         metadata = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
         entries = [(t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)), int(t.data_offset),
-                    int(t.n_bytes)) for t in reader.tensors]
+                    int(t.n_bytes)) for t in reader.tensors if t.name not in ROPE_TENSORS]
+        rope = {ROPE_TENSORS[t.name]: rope_values(path, t) for t in reader.tensors if t.name in ROPE_TENSORS}
         del reader  # its memory map of the whole file closes with it
         arch = metadata.get("general.architecture")
         if arch not in FAMILIES:
@@ -209,7 +220,7 @@ class GGUFCheckpoint(Checkpoint):
                              f"{', '.join(sorted(FAMILIES))}")
         check_types(path, entries)
         names = {e[0] for e in entries}
-        raw = config(metadata, arch, names)
+        raw = config(metadata, arch, names, rope)
         tensors = {}
         for name, kind, shape, offset, nbytes in entries:
             hf = hf_name(name, FAMILIES[arch])
@@ -272,24 +283,32 @@ def check_types(path: Path, entries: list[tuple[str, str, tuple[int, ...], int, 
         log.info("GGUF %s: %d tensors, %s", kind, n, how[kind])
 
 
+# Rotary tensors llama.cpp's converter writes in place of config keys: read into the config.
+ROPE_TENSORS = {"rope_freqs.weight": "freq_factors", "rope_factors_long.weight": "long_factor",
+                "rope_factors_short.weight": "short_factor"}
+
+
+def rope_values(path: Path, tensor) -> list[float]:
+    if tensor.tensor_type.name not in FLOAT:
+        raise BuildError(f"{path}: {tensor.name} is {tensor.tensor_type.name}, not a float tensor")
+    return [float(v) for v in np.asarray(tensor.data, dtype=np.float32).reshape(-1)]
+
+
 def _one(value: Any) -> Any:
     return value[0] if isinstance(value, list) and len(value) == 1 else value
 
 
-def config(metadata: dict[str, Any], arch: str, tensor_names: set[str]) -> dict[str, Any]:
+def config(metadata: dict[str, Any], arch: str, tensor_names: set[str],
+           rope_tensors: dict[str, list[float]] | None = None) -> dict[str, Any]:
     """config.json's equivalent from the metadata, with the keys transformers reads them into
     (transformers/integrations/ggml.py, GGUF_CONFIG_MAPPING), plus what they leave out that the
-    file states: head_dim (attention.key_length), rotary scaling, the special token ids."""
+    file states: head_dim (attention.key_length), rotary scaling (its keys, and the ROPE_TENSORS
+    values in `rope_tensors`), the special token ids."""
 
     def key(name: str, default: Any = None) -> Any:
         return _one(metadata.get(f"{arch}.{name}", default))
 
-    if "rope_freqs.weight" in tensor_names:
-        raise BuildError("this GGUF stores rotary frequency factors (rope_freqs.weight, Llama 3.1-style scaled "
-                         "rotary), which builder does not read yet")
-    if "rope_factors_long.weight" in tensor_names:
-        raise BuildError("this GGUF stores LongRoPE factors (rope_factors_long/short.weight, Phi-3 128k-style "
-                         "rotary), which builder does not read yet")
+    rope_tensors = rope_tensors or {}
     family = FAMILIES[arch]
     tokens = metadata.get("tokenizer.ggml.tokens")
     raw: dict[str, Any] = {
@@ -332,6 +351,17 @@ def config(metadata: dict[str, Any], arch: str, tensor_names: set[str]) -> dict[
         if key("rope.scaling.original_context_length") is not None:
             rope["original_max_position_embeddings"] = key("rope.scaling.original_context_length")
         raw["rope_scaling"] = rope
+    if "freq_factors" in rope_tensors:  # Llama 3.1/3.2's llama3 scaling, as llama.cpp stores it: theta_i / factor_i
+        raw["rope_scaling"] = {**raw.get("rope_scaling", {"rope_type": "default"}),
+                               "freq_factors": rope_tensors["freq_factors"]}
+    if "long_factor" in rope_tensors or "short_factor" in rope_tensors:  # Phi-3's LongRoPE
+        if set(rope_tensors) != {"long_factor", "short_factor"} or "original_max_position_embeddings" not in raw:
+            raise BuildError("a LongRoPE GGUF needs rope_factors_long, rope_factors_short and "
+                             f"{arch}.rope.scaling.original_context_length")
+        raw["rope_scaling"] = {"rope_type": "longrope", "long_factor": rope_tensors["long_factor"],
+                               "short_factor": rope_tensors["short_factor"]}
+        if key("rope.scaling.attn_factor") is not None:
+            raw["rope_scaling"]["attention_factor"] = key("rope.scaling.attn_factor")
     for name, meta in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                        ("pad_token_id", "padding_token_id")):
         value = _one(metadata.get(f"tokenizer.ggml.{meta}"))

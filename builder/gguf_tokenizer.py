@@ -1,11 +1,12 @@
-"""tokenizer.json and tokenizer_config.json from a GGUF file's metadata (byte-level BPE vocabularies).
+"""tokenizer.json and tokenizer_config.json from a GGUF file's metadata.
 
-A GGUF carries its tokenizer as metadata (`tokenizer.ggml.*`): tokens, merges, token types, special
-ids, the pre-tokenizer's name and the chat template. We write the Hugging Face `tokenizers` file
-that transformers builds from the same metadata (transformers/integrations/gguf/
-gguf_tokenizer_mapping.py: byte_level_tokenizer, add_gguf_special_tokens, set_split_regex), so
-both, and onnxruntime-genai, encode text alike. SentencePiece (`llama`) vocabularies are not
-written yet: the build warns and writes none.
+A GGUF carries its tokenizer as metadata (`tokenizer.ggml.*`): tokens, merges or scores, token
+types, special ids, the pre-tokenizer's name and the chat template. We write the Hugging Face
+`tokenizers` file that transformers builds from the same metadata (transformers/integrations/gguf/
+gguf_tokenizer_mapping.py: byte_level_tokenizer, add_gguf_special_tokens, set_split_regex, and the
+SentencePiece builders, see builder/gguf_sentencepiece.py), so both, and onnxruntime-genai, encode
+text alike. Byte-level BPE (`gpt2`) and SentencePiece (`llama`) vocabularies are written; any other
+kind (`t5`, `rwkv`, ...) builds with a warning and no tokenizer.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ import json
 import logging
 from pathlib import Path
 from typing import Any
+
+from builder.gguf_sentencepiece import GEMMA, sentencepiece
 
 log = logging.getLogger("builder")
 
@@ -77,6 +80,47 @@ def _byte_level(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         {"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated", "invert": False}, byte_level]}
     config = {name: None if i is None else tokens[i] for name, i in ids.items()}
     add_bos, add_eos = bool(meta.get("tokenizer.ggml.add_bos_token")), bool(meta.get("tokenizer.ggml.add_eos_token"))
+    model = {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
+             "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+             "vocab": vocab, "merges": merges}
+    decoder = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+    tokenizer = _tokenizer_json(added, None, pre, decoder, model, config, add_bos, add_eos)
+    return tokenizer, {"add_bos_token": add_bos, "add_eos_token": add_eos, **config, "tokenizer_class": "GPT2Tokenizer"}
+
+
+def _sentencepiece(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    arch = meta.get("general.architecture", "")
+    parts = sentencepiece(meta, arch)
+    if parts is None:
+        return None
+    tokens, vocab = parts["tokens"], parts["model"]["vocab"]
+    original: list[str] = meta["tokenizer.ggml.tokens"]
+    types = meta.get("tokenizer.ggml.token_type") or []
+    # transformers' order: control tokens special, user-defined ones (spelled as in the vocabulary)
+    # plain, then the special roles not added yet (GemmaTokenizer's default mask_token among them).
+    added = {i: _added(i, tokens[i], True) for i, kind in enumerate(types) if kind == CONTROL}
+    for i, (token, kind) in enumerate(zip(original, types)):
+        if kind == USER_DEFINED and i not in added and vocab.get(token) == i:
+            added[i] = _added(i, token, False)
+    ids = {name: meta.get(f"tokenizer.ggml.{key}") for name, key in SPECIAL.items()}
+    config = {name: None if i is None else tokens[i] for name, i in ids.items()}
+    roles = [i for i in ids.values() if i is not None]
+    if arch in GEMMA and "<mask>" in vocab:
+        roles.append(vocab["<mask>"])
+    for i in roles:
+        added.setdefault(i, _added(i, tokens[i], True))
+    # llama.cpp adds BOS to a SentencePiece vocabulary unless the file says otherwise (so does transformers).
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True))
+    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token"))
+    tokenizer = _tokenizer_json(added, parts["normalizer"], parts["pre_tokenizer"], parts["decoder"], parts["model"],
+                                config, add_bos, add_eos)
+    return tokenizer, {"add_bos_token": add_bos, "add_eos_token": add_eos, **config,
+                       "tokenizer_class": parts["tokenizer_class"]}
+
+
+def _tokenizer_json(added: dict[int, dict[str, Any]], normalizer: Any, pre: Any, decoder: Any, model: dict[str, Any],
+                    config: dict[str, Any], add_bos: bool, add_eos: bool) -> dict[str, Any]:
+    """tokenizer.json, with the post-processor that adds BOS / EOS as the file asks."""
 
     def template(seq: str, type_id: int) -> list[dict[str, Any]]:
         bos = [{"SpecialToken": {"id": config["bos_token"], "type_id": type_id}}] if add_bos and config["bos_token"] else []
@@ -84,32 +128,34 @@ def _byte_level(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         return [*bos, {"Sequence": {"id": seq, "type_id": type_id}}, *eos]
 
     used = {config[n] for n, flag in (("bos_token", add_bos), ("eos_token", add_eos)) if flag and config[n]}
-    tokenizer = {
+    vocab = model["vocab"]
+    return {
         "version": "1.0", "truncation": None, "padding": None,
         "added_tokens": [added[i] for i in sorted(added)],
-        "normalizer": None,
+        "normalizer": normalizer,
         "pre_tokenizer": pre,
         "post_processor": {"type": "TemplateProcessing", "single": template("A", 0),
                            "pair": template("A", 0) + template("B", 1),
                            "special_tokens": {t: {"id": t, "ids": [vocab[t]], "tokens": [t]} for t in sorted(used)}},
-        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
-        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
-                  "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
-                  "vocab": vocab, "merges": merges},
+        "decoder": decoder,
+        "model": model,
     }
-    return tokenizer, {"add_bos_token": add_bos, "add_eos_token": add_eos, **config}
 
 
 def write_tokenizer(meta: dict[str, Any], folder: Path) -> list[str]:
     """Writes tokenizer.json and tokenizer_config.json into `folder`; returns their names (none
-    for a vocabulary type not written yet, with a warning)."""
+    for a vocabulary type not written, with a warning)."""
     kind = meta.get("tokenizer.ggml.model")
-    if kind != "gpt2" or "tokenizer.ggml.tokens" not in meta:
-        log.warning("warning: the GGUF's %r tokenizer is not written yet (byte-level BPE, 'gpt2', is): the model "
-                    "is built, but onnxruntime-genai needs a tokenizer.json beside it", kind)
+    made = None
+    if "tokenizer.ggml.tokens" in meta:
+        made = _byte_level(meta) if kind == "gpt2" else _sentencepiece(meta) if kind == "llama" else None
+    if made is None:
+        log.warning("warning: the GGUF's %r tokenizer is not written (byte-level BPE, 'gpt2', and SentencePiece, "
+                    "'llama' with scores, are): the model is built, but onnxruntime-genai needs a tokenizer.json "
+                    "beside it", kind)
         return []
-    tokenizer, config = _byte_level(meta)
-    config = {**config, "tokenizer_class": "GPT2Tokenizer", "model_max_length": 10**30, "clean_up_tokenization_spaces": False}
+    tokenizer, config = made
+    config = {**config, "model_max_length": 10**30, "clean_up_tokenization_spaces": False}
     if meta.get("tokenizer.chat_template"):
         config["chat_template"] = meta["tokenizer.chat_template"]
     (folder / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))

@@ -15,7 +15,7 @@ import pytest
 import torch
 import transformers
 from conftest import TINY
-from gguf_files import VOCAB, write_gguf
+from gguf_files import VOCAB, dequantized_checkpoint, write_gguf
 from helpers import (
     GENAI_PROMPT,
     OnnxDecoder,
@@ -160,3 +160,25 @@ def test_gemma3_without_a_window_is_all_global():
     raw = config({**metadata, "tokenizer.ggml.tokens": ["a"] * VOCAB}, "gemma3", {"token_embd.weight"})
     c = load("Gemma3ForCausalLM").parse_config(raw, "Gemma3ForCausalLM")
     assert [c.window(i) for i in range(6)] == [None] * 6 and c.query_pre_attn_scalar == 16
+
+
+# Gemma 1: transformers 5.23 reads no "gemma" GGUF, so the reference is transformers on the file's
+# own values (tests/gguf_files.py: dequantized_checkpoint), which for F32 is the source itself.
+@pytest.mark.parametrize("types, precision", [
+    ("F32", "fp32"), ({"*": "Q8_0"}, "fp32"), ({"*": "Q4_0"}, "int4"), ({"*.attn_v.*": "Q8_0", "*": "Q4_0"}, "int4"),
+])
+def test_gemma1_equals_transformers_on_the_file_values(tmp_path, types, precision):
+    source = make_checkpoint(tmp_path / "src", "GemmaConfig", **{**BASE, "head_dim": 16})
+    path = write_gguf(source, tmp_path / "gemma.gguf", types)
+    reference = dequantized_checkpoint(path, source, tmp_path / "ref")
+    level = ("--accuracy-level", "0") if precision.startswith("int") else ()
+    out = build(path, tmp_path / "out", "-p", precision, *level)
+    assert_parity(out, reference, tolerance=1e-4)
+    raw, _, _ = GGUFCheckpoint.open_file(path)
+    module = load("GemmaForCausalLM")
+    ours = dataclasses.asdict(module.parse_config(raw, "GemmaForCausalLM"))
+    want = dataclasses.asdict(module.parse_config(transformers.AutoConfig.from_pretrained(source).to_dict(),
+                                                  "GemmaForCausalLM"))
+    assert ours.pop("rms_norm_eps") == pytest.approx(want.pop("rms_norm_eps"), rel=1e-7)  # stored as float32
+    ours.pop("hidden_act"), want.pop("hidden_act")  # the file names none; hidden_activation (compared) is used
+    assert {k: v for k, v in ours.items() if "token_id" not in k} == {k: v for k, v in want.items() if "token_id" not in k}

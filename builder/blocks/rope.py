@@ -41,7 +41,19 @@ class Rope:
 
     @classmethod
     def from_parameters(cls, params: dict[str, Any], head_dim: int, max_position_embeddings: int) -> Rope:
-        """Reads a standardized `rope_parameters` dict (see architectures' config parsing)."""
+        """Reads a standardized `rope_parameters` dict (see architectures' config parsing). A GGUF's
+        `freq_factors` (llama.cpp's rope_freqs tensor, how it stores Llama 3.1's scaling) divide the
+        frequencies, as its rope kernels do."""
+        rope = cls._scaled(params, head_dim, max_position_embeddings)
+        if params.get("freq_factors") is None:
+            return rope
+        factors = np.asarray(params["freq_factors"], dtype=np.float32)
+        if factors.shape != rope.inv_freq.shape:
+            raise BuildError(f"{len(factors)} rotary frequency factors for {len(rope.inv_freq)} frequencies")
+        return cls((rope.inv_freq / factors).astype(np.float32), rope.attention_factor)
+
+    @classmethod
+    def _scaled(cls, params: dict[str, Any], head_dim: int, max_position_embeddings: int) -> Rope:
         rope_type = params.get("rope_type", "default")
         base = float(params["rope_theta"])
         dim = int(head_dim * params.get("partial_rotary_factor", 1.0))

