@@ -4,7 +4,9 @@ A `Weight` starts as a source (a checkpoint tensor, a computed table) and grows 
 steps: `transpose`, `astype`, `map` (an arbitrary numpy function such as Gemma's `1 + w`),
 `slice` and `concat`. Nothing runs until `numpy()` is called — which `to_ir` defers to the moment
 `ir.save` writes the tensor. Views (transpose, slices) cost nothing; the final copy into a
-contiguous array of the target dtype does the transpose and the cast in one pass.
+contiguous array of the target dtype does the transpose and the cast in one pass. A stack (a
+mixture of experts' [E, N, K]) is written one member at a time (`StreamedTensor`), so its memory is
+one expert's, not the layer's.
 """
 
 from __future__ import annotations
@@ -223,9 +225,9 @@ class Weight:
     @classmethod
     def filled(cls, shape: Sequence[int], dtype: np.dtype | type, fill: Callable[[np.ndarray], None],
                sources: tuple[str, ...]) -> Weight:
-        """An array that `fill(out)` writes piece by piece into a fresh `out` at write time (a
-        mixture of experts' stacked, interleaved matrices, one expert at a time); `numpy()` hands
-        `out` over as is, so the result is held once. `sources`: the checkpoint tensors it reads."""
+        """An array that `fill(out)` writes piece by piece into a fresh `out` at write time (an
+        expert's interleaved gate and up rows); `numpy()` hands `out` over as is, so the result is
+        held once. `sources`: the checkpoint tensors it reads."""
         dtype = np.dtype(dtype)
 
         def compute(_stack) -> _Filled:
