@@ -24,7 +24,7 @@ import onnx_ir as ir
 from builder.blocks.linear import linear
 from builder.errors import BuildError
 from builder.graph import Graph
-from builder.blocks.moe import _sources, quantized_experts, stacked
+from builder.blocks.moe import quantized_experts, stacked
 from builder.lazy import Weight
 from builder.target import Target, source_modules
 
@@ -110,10 +110,11 @@ def gpt_oss_experts(g: Graph, x: ir.Value, w: ExpertWeights, top_k: int, alpha: 
                              f"of the block size ({q.block_size}); choose a block size that divides both")
         # Each expert quantized alone, as MatMulNBits' weights are (builder.quantize), and streamed.
         scale_dtype = np.dtype(target.io_dtype)
+        fc1_sources, fc2_sources = (tuple(s for m in fc for s in m.sources) for fc in (w.fc1, w.fc2))
         with g.scope("gate_up_proj"):
-            fc1, fc1_scales, _ = quantized_experts(g, (w.fc1,), q, scale_dtype, _sources(w.fc1))
+            fc1, fc1_scales, _ = quantized_experts(g, (w.fc1,), q, scale_dtype, fc1_sources)
         with g.scope("down_proj"):
-            fc2, fc2_scales, _ = quantized_experts(g, (w.fc2,), q, scale_dtype, _sources(w.fc2))
+            fc2, fc2_scales, _ = quantized_experts(g, (w.fc2,), q, scale_dtype, fc2_sources)
         return g.ms.QMoE(x, logits, fc1, fc1_scales, fc1_bias, fc2, fc2_scales, fc2_bias, **attributes,
                          expert_weight_bits=q.bits, block_size=q.block_size, accuracy_level=q.accuracy_level)
 
