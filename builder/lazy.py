@@ -4,14 +4,16 @@ A `Weight` starts as a source (a checkpoint tensor, a computed table) and grows 
 steps: `transpose`, `astype`, `map` (an arbitrary numpy function such as Gemma's `1 + w`),
 `slice` and `concat`. Nothing runs until `numpy()` is called — which `to_ir` defers to the moment
 `ir.save` writes the tensor. Views (transpose, slices) cost nothing; the final copy into a
-contiguous array of the target dtype does the transpose and the cast in one pass.
+contiguous array of the target dtype does the transpose and the cast in one pass. A stack (a
+mixture of experts' [E, N, K]) is written one member at a time (`StreamedTensor`), so its memory is
+one expert's, not the layer's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -118,15 +120,16 @@ class Weight:
         [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]
     """
 
-    __slots__ = ("shape", "dtype", "_compute", "sources", "blocks")
+    __slots__ = ("shape", "dtype", "_compute", "sources", "blocks", "pieces")
 
     def __init__(self, shape: Sequence[int], dtype: np.dtype | type, compute: Compute, sources: tuple[str, ...],
-                 blocks: Blocks | None = None):
+                 blocks: Blocks | None = None, pieces: tuple[Weight, ...] | None = None):
         self.shape = tuple(int(d) for d in shape)
         self.dtype = np.dtype(dtype)
         self._compute = compute
         self.sources = sources  # checkpoint names it reads, for messages and build records
         self.blocks = blocks  # the same values already quantized (a GGUF Q4_0 tensor), or None
+        self.pieces = pieces  # a stack's members (value[i] is pieces[i]): written one at a time
 
     def __repr__(self) -> str:
         return f"Weight({list(self.shape)}, {self.dtype.name}, from {', '.join(self.sources) or 'code'})"
@@ -159,6 +162,8 @@ class Weight:
         dtype = np.dtype(dtype)
         if dtype == self.dtype:
             return self
+        if self.pieces is not None:  # still a stack, so still written one member at a time
+            return Weight.stack([p.astype(dtype) for p in self.pieces])
         inner = self._compute
         # The cast itself happens in numpy() when the result is copied out, fused with the layout copy.
         return Weight(self.shape, dtype, lambda s: _Cast(inner(s), dtype), self.sources)
@@ -205,8 +210,9 @@ class Weight:
 
     @staticmethod
     def stack(weights: Sequence[Weight]) -> Weight:
-        """Stacks equal weights along a new first axis (a mixture of experts' [E, N, K]); each is
-        copied into its own slice when written."""
+        """Stacks equal weights along a new first axis (a mixture of experts' [E, N, K]). Written
+        by `ir.save`, one member at a time goes to the file (`to_ir`); `numpy()` copies each
+        member into its own slice of the output."""
         first = weights[0]
         for w in weights[1:]:
             if w.dtype != first.dtype or w.shape != first.shape:
@@ -214,14 +220,14 @@ class Weight:
         parts = [w._compute for w in weights]
         return Weight((len(weights), *first.shape), first.dtype,
                       lambda s: _Concat([_expand(p(s)) for p in parts], 0),
-                      tuple(n for w in weights for n in w.sources))
+                      tuple(n for w in weights for n in w.sources), pieces=tuple(weights))
 
     @classmethod
     def filled(cls, shape: Sequence[int], dtype: np.dtype | type, fill: Callable[[np.ndarray], None],
                sources: tuple[str, ...]) -> Weight:
-        """An array that `fill(out)` writes piece by piece into a fresh `out` at write time (a
-        mixture of experts' stacked, interleaved matrices, one expert at a time); `numpy()` hands
-        `out` over as is, so the result is held once. `sources`: the checkpoint tensors it reads."""
+        """An array that `fill(out)` writes piece by piece into a fresh `out` at write time (an
+        expert's interleaved gate and up rows); `numpy()` hands `out` over as is, so the result is
+        held once. `sources`: the checkpoint tensors it reads."""
         dtype = np.dtype(dtype)
 
         def compute(_stack) -> _Filled:
@@ -233,6 +239,11 @@ class Weight:
 
     def numpy(self) -> np.ndarray:
         """Runs the recipe: a C-contiguous array of `dtype` that owns its memory."""
+        if self.pieces is not None:
+            out = np.empty(self.shape, self.dtype)
+            for i, piece in enumerate(self.pieces):
+                out[i] = piece.numpy()
+            return out
         with contextlib.ExitStack() as stack:
             value = self._compute(stack)
             if isinstance(value, _Filled):
@@ -252,7 +263,12 @@ class Weight:
             return fn(self._compute(stack))
 
     def to_ir(self, name: str) -> ir.LazyTensor:
-        """An `ir.LazyTensor` whose bytes are this recipe, computed when `ir.save` writes it."""
+        """An `ir.LazyTensor` whose bytes are this recipe, computed when `ir.save` writes it; a
+        stack's bytes are computed and written one member at a time."""
+        if self.pieces is not None:
+            pieces = self.pieces
+            return StreamedTensor(lambda: ir.Tensor(self.numpy(), name=name), lambda: (p.numpy() for p in pieces),
+                                  self.dtype, self.shape, name)
         return ir.LazyTensor(
             lambda: ir.Tensor(self.numpy(), name=name),
             dtype=ir.DataType.from_numpy(self.dtype),
@@ -361,6 +377,8 @@ class _Concat:
 
 def _expand(value):
     """value[None] for an array, a pending cast or a pending concatenation."""
+    if isinstance(value, _Filled):
+        return value.array[None]
     if isinstance(value, _Concat):
         return _Concat([_expand(p) for p in value.parts], value.axis + 1)
     return value[None]
@@ -418,3 +436,108 @@ class SharedResult:
             shape=ir.Shape(shape),
             name=name,
         )
+
+
+class StreamedTensor(ir.LazyTensor):
+    """An `ir.LazyTensor` that `ir.save` writes piece by piece: onnx_ir's external-data writer seeks
+    to the tensor's offset and calls its `tofile(file)` (onnx_ir/external_data.py, `_write_tensor_at`,
+    onnx_ir 1.1), so only one piece (one expert of a stack) is in memory at a time. `pieces()`
+    yields C-contiguous arrays whose bytes, one after another, are the tensor's: each is written by
+    `ir.Tensor.tofile`, as the whole array would be. `whole()` is the tensor for any other reader."""
+
+    __slots__ = ("_pieces",)
+
+    def __init__(self, whole: Callable[[], ir.TensorProtocol], pieces: Callable[[], Iterator[np.ndarray]],
+                 dtype: np.dtype, shape: Sequence[int], name: str):
+        super().__init__(whole, dtype=ir.DataType.from_numpy(np.dtype(dtype)), shape=ir.Shape(shape), name=name)
+        self._pieces = pieces
+
+    def tofile(self, file) -> None:
+        for piece in self._pieces():
+            ir.Tensor(piece).tofile(file)
+            del piece  # before the next one is computed
+
+
+class StackedResult:
+    """One computation per expert feeding several stacked tensors (a QMoE's codes, scales and zero
+    points, each [E, ...]): `compute(e)` returns expert e's piece of every part. The `main` part
+    (the codes, by far the largest) streams into the file one expert at a time; the pieces of the
+    other parts are kept as they go by and handed over when the writer asks for them (waiting for a
+    stream under way). Asked for a by-product first, or for the whole main tensor, it computes all
+    experts at once instead and keeps the main part whole until taken."""
+
+    def __init__(self, count: int, compute: Callable[[int], dict[str, np.ndarray]],
+                 parts: dict[str, tuple[Sequence[int], np.dtype]], main: str = "data"):
+        self._count, self._compute, self._parts, self._main = count, compute, parts, main
+        self._state = threading.Condition()
+        self._streaming = False
+        self._failed: BaseException | None = None
+        self._ready: dict[str, np.ndarray] | None = None  # parts computed, not yet taken
+        self._taken: set[str] = set()
+
+    def tensor(self, part: str, name: str) -> ir.LazyTensor:
+        shape, dtype = self._parts[part]
+        if part == self._main:
+            return StreamedTensor(lambda: ir.Tensor(self._take(part), name=name), self._stream, dtype, shape, name)
+        return ir.LazyTensor(lambda: ir.Tensor(self._take(part), name=name),
+                             dtype=ir.DataType.from_numpy(np.dtype(dtype)), shape=ir.Shape(shape), name=name)
+
+    def _empty(self, part: str) -> np.ndarray:
+        shape, dtype = self._parts[part]
+        return np.empty(tuple(shape), dtype)
+
+    def _stream(self) -> Iterator[np.ndarray]:
+        with self._state:
+            self._state.wait_for(lambda: not self._streaming)
+            whole = self._take_locked(self._main) if self._ready is not None else None
+            if whole is None:
+                self._streaming, self._failed = True, None
+        if whole is not None:  # already computed whole (a by-product was asked for first)
+            yield from whole
+            return
+        kept = {p: self._empty(p) for p in self._parts if p != self._main}
+        try:
+            for e in range(self._count):
+                result = self._compute(e)
+                for p, array in kept.items():
+                    array[e] = result[p]
+                yield result.pop(self._main)
+                del result
+        except BaseException as error:
+            with self._state:
+                self._streaming, self._failed = False, error
+                self._state.notify_all()
+            raise
+        with self._state:
+            self._streaming, self._ready = False, kept
+            self._taken.add(self._main)
+            self._reset_if_done()
+            self._state.notify_all()
+
+    def _take(self, part: str) -> np.ndarray:
+        with self._state:
+            self._state.wait_for(lambda: not self._streaming)
+            if self._failed is not None:
+                raise RuntimeError(f"the computation of part {part!r} failed") from self._failed
+            if self._ready is None:
+                self._ready = self._compute_all()
+            return self._take_locked(part)
+
+    def _take_locked(self, part: str) -> np.ndarray:
+        if part in self._taken:
+            raise RuntimeError(f"part {part!r} of a stacked lazy result was already written")
+        value = self._ready.pop(part)
+        self._taken.add(part)
+        self._reset_if_done()
+        return value
+
+    def _reset_if_done(self) -> None:
+        if self._taken == set(self._parts):  # a later writer of the same model recomputes from scratch
+            self._ready, self._taken = None, set()
+
+    def _compute_all(self) -> dict[str, np.ndarray]:
+        out = {p: self._empty(p) for p in self._parts}
+        for e in range(self._count):
+            for p, array in self._compute(e).items():
+                out[p][e] = array
+        return out

@@ -26,7 +26,11 @@ ROUTER_SCALE = 30.0  # random routers are near-uniform; scaled up, their choices
 
 @pytest.fixture(scope="module")
 def ernie(tmp_path_factory):
-    folder = make_checkpoint(tmp_path_factory.mktemp("ernie4_5_moe"), "Ernie4_5_MoeConfig", **CONFIG)
+    return make(tmp_path_factory.mktemp("ernie4_5_moe"))
+
+
+def make(folder):
+    folder = make_checkpoint(folder, "Ernie4_5_MoeConfig", **CONFIG)
     tensors, rng = load_file(folder / "model.safetensors"), np.random.default_rng(1)
     for key, value in tensors.items():
         if key.endswith(".bias") and "norm" not in key:  # transformers initializes biases to zero

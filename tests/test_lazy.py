@@ -2,13 +2,19 @@
 output instead of being assembled first and copied again."""
 
 import tracemalloc
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
+import onnx_ir as ir
 import pytest
 
-from builder.lazy import Weight
+from builder.blocks.moe import quantized_experts
+from builder.graph import Graph
+from builder.lazy import StreamedTensor, Weight
 from builder.quantize import quantize
+from builder.target import Quantization
+from builder.writer import save_model
 
 RNG = np.random.default_rng(0)
 PARTS = [RNG.standard_normal((n, 96)).astype(np.float32) for n in (64, 32, 32)]
@@ -65,3 +71,100 @@ def test_concat_is_written_without_a_second_copy():
         tracemalloc.stop()
     assert out.nbytes == 24 * 2**20
     assert peak < 1.25 * out.nbytes, f"peak {peak / 2**20:.0f} MB for a {out.nbytes / 2**20:.0f} MB tensor"
+
+
+# --- stacks written one member at a time ------------------------------------------------------------
+
+def save(tensors: list[ir.TensorProtocol], folder) -> Path:
+    """model.onnx.data as builder.writer.save_model (onnx_ir's parallel writer) writes these initializers."""
+    values = [ir.Value(name=t.name, shape=t.shape, type=ir.TensorType(t.dtype), const_value=t) for t in tensors]
+    folder.mkdir()
+    graph = ir.Graph(inputs=[], outputs=values, nodes=[], initializers=values, opset_imports={"": 21})
+    save_model(ir.Model(graph, ir_version=10), folder, progress=False)
+    return folder / "model.onnx.data"
+
+
+def written(tensors: list[ir.TensorProtocol], folder) -> bytes:
+    return save(tensors, folder).read_bytes()
+
+
+def traced_peak(fn) -> int:
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
+def test_stack_is_streamed_with_the_bytes_of_the_whole_tensor(tmp_path, dtype):
+    experts = [Weight.constant(RNG.standard_normal((48, 64)).astype(np.float32)) for _ in range(5)]
+    plain = Weight.constant(RNG.standard_normal((40, 64)).astype(np.float32))
+    stacked = Weight.stack(experts).astype(dtype)
+    streamed = stacked.to_ir("experts")
+    assert isinstance(streamed, StreamedTensor)
+    whole = ir.Tensor(np.stack([e.numpy() for e in experts]).astype(dtype), name="experts")
+    got = written([plain.to_ir("a"), streamed, plain.to_ir("b")], tmp_path / "streamed")
+    want = written([plain.to_ir("a"), whole, plain.to_ir("b")], tmp_path / "whole")
+    assert got == want and len(got) >= whole.nbytes + 2 * plain.nbytes
+    assert np.array_equal(streamed.numpy(), whole.numpy())
+
+
+def test_stack_is_written_holding_one_expert(tmp_path):
+    # 64 experts of 512 KB (fp16): written whole, the stack would be 32 MB; streamed, one expert and
+    # its fp16 copy are held at a time. Before streaming, the measured peak was the whole stack.
+    experts = [Weight.constant(np.full((512, 512), e, np.float32)) for e in range(64)]
+    stacked = Weight.stack(experts).astype(np.float16)
+    one = 512 * 512 * 2
+    peak = traced_peak(lambda: save([stacked.to_ir("experts")], tmp_path / "out"))
+    assert stacked.nbytes == 64 * one
+    assert peak < 4 * one, f"peak {peak / 2**20:.1f} MB while writing a {stacked.nbytes / 2**20:.0f} MB stack"
+    data = np.fromfile(tmp_path / "out" / "model.onnx.data", np.float16).reshape(64, 512, 512)
+    assert np.array_equal(data[:, 0, 0], np.arange(64))
+
+
+def qmoe(symmetric: bool, experts: int = 6, rows: int = 32, cols: int = 64):
+    """quantized_experts over interleaved gate/up parts: (graph, the three initializer tensors, the
+    float parts)."""
+    gates = [Weight.constant(RNG.standard_normal((rows, cols)).astype(np.float32)) for _ in range(experts)]
+    ups = [Weight.constant(RNG.standard_normal((rows, cols)).astype(np.float32)) for _ in range(experts)]
+    g = Graph()
+    q = Quantization(bits=4, block_size=32, symmetric=symmetric)
+    values = quantized_experts(g, (gates, ups), q, np.dtype(np.float16), ())
+    return [v.const_value if v is not None else None for v in values], (gates, ups)
+
+
+@pytest.mark.parametrize("symmetric", [True, False], ids=["symmetric", "zero-points"])
+@pytest.mark.parametrize("order", ["codes-first", "scales-first"])
+def test_quantized_stack_is_streamed_with_the_bytes_of_each_expert_quantized_alone(tmp_path, symmetric, order):
+    tensors, (gates, ups) = qmoe(symmetric)
+    tensors = [t for t in tensors if t is not None]
+    assert isinstance(tensors[0], StreamedTensor)
+    if order == "scales-first":  # a by-product asked for first: everything is computed at once
+        tensors = tensors[1:] + tensors[:1]
+    got = written(tensors, tmp_path / "out")
+    # The expected bytes: each expert's gate and up quantized alone, rows interleaved.
+    parts = {"data": [], "scales": [], "zero_points": []}
+    for gate, up in zip(gates, ups):
+        a, b = (quantize(w.numpy(), 4, 32, symmetric, np.float16) for w in (gate, up))
+        for name, x, y in (("data", a.data.reshape(32, -1), b.data.reshape(32, -1)), ("scales", a.scales, b.scales),
+                           ("zero_points", a.zero_points, b.zero_points)):
+            if x is not None:
+                parts[name].append(np.stack([x, y], 1).reshape(64, -1))  # rows 2i gate, 2i+1 up
+    want = {k: np.stack(v) for k, v in parts.items() if v}
+    whole = [ir.Tensor(want[t.name], name=t.name) for t in tensors]
+    assert got == written(whole, tmp_path / "whole")
+    # Written again (a second save of the same model): computed again, the same bytes.
+    assert written(tensors, tmp_path / "again") == got
+
+
+def test_quantized_stack_is_written_holding_one_expert(tmp_path):
+    # 128 experts: their codes are 8 MB, an expert's float gate and up 512 KB; the scales (1 MB)
+    # are kept as the codes stream by. Before streaming, the whole codes and scales were held.
+    tensors, _ = qmoe(True, experts=128, rows=64, cols=1024)
+    data, scales, _ = tensors
+    expert_float = 2 * 64 * 1024 * 4
+    peak = traced_peak(lambda: save([data, scales], tmp_path / "out"))
+    assert data.nbytes == 8 * 2**20 and scales.nbytes == 2**20
+    assert peak < scales.nbytes + 4 * expert_float, f"peak {peak / 2**20:.1f} MB for {data.nbytes / 2**20:.0f} MB of codes"

@@ -24,8 +24,8 @@ import onnx_ir as ir
 from builder.blocks.linear import linear
 from builder.errors import BuildError
 from builder.graph import Graph
-from builder.lazy import SharedResult, Weight
-from builder.quantize import quantize
+from builder.blocks.moe import quantized_experts, stacked
+from builder.lazy import Weight
 from builder.target import Target, source_modules
 
 # FP4 e2m1 codes 0-15 (sign bit, 2 exponent bits, 1 mantissa bit), as transformers' FP4_VALUES.
@@ -81,31 +81,6 @@ def _mxfp4_expert(blocks: Weight, scales: Weight, e: int, shape: tuple[int, int]
                   blocks.sources + scales.sources)
 
 
-def _quantized_experts(g: Graph, name: str, experts: list[Weight], target: Target) -> tuple[ir.Value, ir.Value]:
-    """QMoE's [E, N, K·bits/8] codes and [E, N, K/block] scales, quantized one expert at a time
-    exactly as MatMulNBits' weights are (builder.quantize)."""
-    q, dtype = target.quantization, np.dtype(target.io_dtype)
-    n, k = experts[0].shape
-
-    def compute() -> dict[str, np.ndarray]:
-        data = np.empty((len(experts), n, k * q.bits // 8), np.uint8)
-        scales = np.empty((len(experts), n, k // q.block_size), dtype)
-        for e, w in enumerate(experts):
-            m = w.apply(lambda rows: quantize(rows, q.bits, q.block_size, True, dtype))
-            data[e], scales[e] = m.data.reshape(n, -1), m.scales
-        return {"data": data, "scales": scales}
-
-    shared = SharedResult(compute)
-    sources = tuple(s for w in experts for s in w.sources)
-    values = []
-    for part, shape, dt in (("data", (len(experts), n, k * q.bits // 8), np.uint8),
-                            ("scales", (len(experts), n, k // q.block_size), dtype)):
-        full = g.scoped_name(f"{name}.{part}")
-        values.append(g.lazy_initializer(full, shared.tensor(part, shape, dt, full), sources if part == "data" else (),
-                                         by_product=part != "data"))
-    return values[0], values[1]
-
-
 def gpt_oss_experts(g: Graph, x: ir.Value, w: ExpertWeights, top_k: int, alpha: float, limit: float,
                     target: Target) -> ir.Value:
     """GptOssMLP.forward on x (B, S, H): router (kept in float) and experts as MoE or QMoE."""
@@ -122,8 +97,8 @@ def gpt_oss_experts(g: Graph, x: ir.Value, w: ExpertWeights, top_k: int, alpha: 
         fc1_bias = g.weight("gate_up_proj_bias", w.fc1_bias.astype(target.io_dtype))
         fc2_bias = g.weight("down_proj_bias", w.fc2_bias.astype(target.io_dtype))
         if not target.quantizes(module, sources):
-            fc1 = g.weight("gate_up_proj", Weight.stack(w.fc1).astype(target.io_dtype))  # (E, 2I, H)
-            fc2 = g.weight("down_proj", Weight.stack(w.fc2).astype(target.io_dtype))  # (E, H, I)
+            fc1 = g.weight("gate_up_proj", stacked(w.fc1, target.io_dtype))  # (E, 2I, H)
+            fc2 = g.weight("down_proj", stacked(w.fc2, target.io_dtype))  # (E, H, I)
             return g.ms.MoE(x, logits, fc1, fc1_bias, fc2, fc2_bias, **attributes)
         q = target.quantization
         inter = w.fc2[0].shape[1]
@@ -133,8 +108,13 @@ def gpt_oss_experts(g: Graph, x: ir.Value, w: ExpertWeights, top_k: int, alpha: 
         if hidden % q.block_size or inter % q.block_size:
             raise BuildError(f"QMoE needs hidden_size ({hidden}) and intermediate_size ({inter}) to be multiples "
                              f"of the block size ({q.block_size}); choose a block size that divides both")
-        fc1, fc1_scales = _quantized_experts(g, "gate_up_proj", w.fc1, target)
-        fc2, fc2_scales = _quantized_experts(g, "down_proj", w.fc2, target)
+        # Each expert quantized alone, as MatMulNBits' weights are (builder.quantize), and streamed.
+        scale_dtype = np.dtype(target.io_dtype)
+        fc1_sources, fc2_sources = (tuple(s for m in fc for s in m.sources) for fc in (w.fc1, w.fc2))
+        with g.scope("gate_up_proj"):
+            fc1, fc1_scales, _ = quantized_experts(g, (w.fc1,), q, scale_dtype, fc1_sources)
+        with g.scope("down_proj"):
+            fc2, fc2_scales, _ = quantized_experts(g, (w.fc2,), q, scale_dtype, fc2_sources)
         return g.ms.QMoE(x, logits, fc1, fc1_scales, fc1_bias, fc2, fc2_scales, fc2_bias, **attributes,
                          expert_weight_bits=q.bits, block_size=q.block_size, accuracy_level=q.accuracy_level)
 

@@ -17,9 +17,10 @@ FC3 and the concatenated fusion are not implemented on CPU. Expert matrices are 
 accuracy_level 0 (exact against dequantized weights) and with int8 activations at 4; its 8-bit
 experts always use int8 activations.
 
-Expert weights are read one expert at a time: a float stack is written expert by expert into the
-one output array (held once, the size of the layer's stacked tensor), a quantized one quantized
-expert by expert into the packed arrays (the float copy of one expert at a time).
+Expert weights are read, converted and written one expert at a time: a float stack goes to the
+file expert by expert (`Weight.stack`), a quantized one is quantized expert by expert and its codes
+streamed the same way, its scales and zero points (an eighth of the codes or less) kept until
+written (`StackedResult`). A layer's stacked tensor is never whole in memory.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import onnx_ir as ir
 from builder.blocks.linear import linear, module_name
 from builder.errors import BuildError
 from builder.graph import Graph
-from builder.lazy import SharedResult, Weight
+from builder.lazy import StackedResult, Weight
 from builder.quantize import packed_shapes, quantize
 from builder.target import Quantization, Target, source_modules
 
@@ -44,23 +45,21 @@ def _sources(*groups: Sequence[Weight]) -> tuple[str, ...]:
 
 def stacked_gate_up(gate: Sequence[Weight], up: Sequence[Weight], dtype: np.dtype) -> Weight:
     """[E, 2I, H]: each expert's gate and up rows interleaved (swiglu_fusion=1), one expert at a time."""
-    (i, h), e = gate[0].shape, len(gate)
+    (i, h) = gate[0].shape
 
-    def fill(out: np.ndarray) -> None:
-        for x in range(e):
-            out[x, 0::2] = gate[x].astype(dtype).numpy()
-            out[x, 1::2] = up[x].astype(dtype).numpy()
+    def interleaved(g: Weight, u: Weight) -> Weight:
+        def fill(out: np.ndarray) -> None:
+            out[0::2] = g.astype(dtype).numpy()
+            out[1::2] = u.astype(dtype).numpy()
 
-    return Weight.filled((e, 2 * i, h), dtype, fill, _sources(gate, up))
+        return Weight.filled((2 * i, h), dtype, fill, g.sources + u.sources)
+
+    return Weight.stack([interleaved(g, u) for g, u in zip(gate, up)])
 
 
 def stacked(weights: Sequence[Weight], dtype: np.dtype) -> Weight:
     """[E, N, K]: the experts' matrices, one expert at a time."""
-    def fill(out: np.ndarray) -> None:
-        for x, w in enumerate(weights):
-            out[x] = w.astype(dtype).numpy()
-
-    return Weight.filled((len(weights), *weights[0].shape), dtype, fill, _sources(weights))
+    return Weight.stack([w.astype(dtype) for w in weights])
 
 
 def unstacked(stacked: Weight, start: int = 0, stop: int | None = None) -> list[Weight]:
@@ -88,31 +87,28 @@ def quantized_experts(g: Graph, parts: Sequence[Sequence[Weight]], q: Quantizati
     data_shape = (e, data_shape[0], data_shape[1] * data_shape[2])
     scales_shape, zp_shape = (e, *scales_shape), (e, *zp_shape)
 
-    def compute() -> dict[str, np.ndarray]:
-        data, scales = np.empty(data_shape, np.uint8), np.empty(scales_shape, scale_dtype)
-        zps = None if q.symmetric else np.empty(zp_shape, np.uint8)
-        for x in range(e):
-            for j, part in enumerate(parts):
-                m = part[x].apply(lambda rows: quantize(rows, q.bits, q.block_size, q.symmetric, scale_dtype))
-                data[x, j::ways] = m.data.reshape(n, -1)
-                scales[x, j::ways] = m.scales
-                if zps is not None:
-                    zps[x, j::ways] = m.zero_points
-        out = {"data": data, "scales": scales}
-        if zps is not None:
-            out["zero_points"] = zps
-        return out
+    def expert(x: int) -> dict[str, np.ndarray]:
+        data, scales = np.empty(data_shape[1:], np.uint8), np.empty(scales_shape[1:], scale_dtype)
+        zps = None if q.symmetric else np.empty(zp_shape[1:], np.uint8)
+        for j, part in enumerate(parts):
+            m = part[x].apply(lambda rows: quantize(rows, q.bits, q.block_size, q.symmetric, scale_dtype))
+            data[j::ways] = m.data.reshape(n, -1)
+            scales[j::ways] = m.scales
+            if zps is not None:
+                zps[j::ways] = m.zero_points
+        return {"data": data, "scales": scales} if zps is None else {"data": data, "scales": scales, "zero_points": zps}
 
-    shared = SharedResult(compute)
+    shapes = {"data": (data_shape, np.uint8), "scales": (scales_shape, scale_dtype)}
+    if not q.symmetric:
+        shapes["zero_points"] = (zp_shape, np.uint8)
+    shared = StackedResult(e, expert, shapes)
 
-    def register(part: str, shape, dtype) -> ir.Value:
+    def register(part: str) -> ir.Value:
         name = g.scoped_name(part)
         main = part == "data"
-        return g.lazy_initializer(name, shared.tensor(part, shape, dtype, name), sources if main else (),
-                                  by_product=not main)
+        return g.lazy_initializer(name, shared.tensor(part, name), sources if main else (), by_product=not main)
 
-    return (register("data", data_shape, np.uint8), register("scales", scales_shape, scale_dtype),
-            None if q.symmetric else register("zero_points", zp_shape, np.uint8))
+    return register("data"), register("scales"), None if q.symmetric else register("zero_points")
 
 
 def sparse_moe(
