@@ -3,6 +3,8 @@ genai_config.json's gemma3 sections, the image processor file) against transform
 ONNX Runtime and through onnxruntime-genai's multimodal API."""
 
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -15,6 +17,9 @@ from test_genai import NEAR_TIE
 
 from builder.cli import main
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from byte_tokenizer import byte_chars  # noqa: E402
+
 # 128-pixel images of 4-pixel patches: 32x32 patches pooled 2x2 to the 256 tokens genai expects.
 VISION = dict(image_size=128, patch_size=4, num_hidden_layers=2)
 # A byte-level vocabulary (ids 0-255) and the four special tokens after it, as the tokenizer has them.
@@ -22,16 +27,6 @@ TOKENS = dict(image_token_index=256, boi_token_index=257, eoi_token_index=258, e
 TEXT = dict(vocab_size=260, max_position_embeddings=1024)
 SPECIAL = ("<image_soft_token>", "<start_of_image>", "<end_of_image>", "<eos>")
 MAX_LENGTH = 300  # the 256 image tokens, their markers and the text, then about 20 new tokens
-
-
-def byte_chars() -> dict[int, str]:
-    """GPT-2's byte-level alphabet: printable bytes stand for themselves, the rest for 256 + n."""
-    printable = {*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)}
-    chars, shifted = {}, 0
-    for b in range(256):
-        chars[b] = chr(b) if b in printable else chr(256 + shifted)
-        shifted += b not in printable
-    return chars
 
 
 def write_tokenizer(folder):
