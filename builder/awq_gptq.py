@@ -21,13 +21,21 @@ B transposed, AWQ's nibbles reordered — with block_size = the group size (a la
 scale and zero point repeated over blocks of 128 or less) and explicit uint8 zero points: the
 dequantized weights equal the checkpoint's bit for bit. A float build computes (q − z)·s in
 float32, exactly (a code times an fp16 scale fits float32's mantissa), then takes the build's
-precision. Act-order GPTQ (`desc_act` with a g_idx that is not row // group_size) is refused.
+precision.
+
+Act-order GPTQ (`desc_act`: g_idx is a permutation of row // group_size, the rows quantized in
+order of decreasing Hessian diagonal) is exact too: MatMulNBits needs each block contiguous along
+K, so K is permuted — a stable sort of g_idx, after which every group's rows must be exactly
+group_size consecutive rows (checked; refused in one line otherwise) — the codes are written in
+that order (scales and zero points are already in group order), and the activation is gathered
+in the same order before the MatMulNBits (`<module>.input_order`): x[..., order] · W[:, order]ᵀ
+= x · Wᵀ, the same terms summed.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +43,7 @@ import numpy as np
 
 from builder.checkpoint import Checkpoint, read_header, safetensors_files
 from builder.errors import BuildError
-from builder.lazy import Blocks, Weight
+from builder.lazy import BlockArrays, Blocks, Weight
 from builder.mapping import TensorInfo, mapped
 from builder.quantize import BLOCK_SIZES
 
@@ -111,18 +119,22 @@ class QuantizedLinear:
     g_idx: TensorInfo | None
     n: int
     k: int
+    # Act-order: g_idx's values (each input row's group), and the row order that makes each group
+    # one run of rows (a stable sort of them); None when g_idx is row // group_size.
+    row_groups: np.ndarray | None = field(default=None, compare=False)
+    input_order: np.ndarray | None = field(default=None, compare=False)
 
     @property
     def group(self) -> int:
         return self.k if self.fmt.group_size == -1 else self.fmt.group_size
 
-    def codes(self, stack) -> np.ndarray:
-        """uint8 [N, K]."""
+    def codes(self, stack, ordered: bool = False) -> np.ndarray:
+        """uint8 [N, K]; `ordered`: its columns in input_order (act-order's groups contiguous)."""
         qweight = stack.enter_context(mapped(self.qweight))
         if self.fmt.method == "awq":  # [K, N/8] words -> [K, N/8, 8] nibbles -> columns in order
             return _awq_columns(_fields(qweight, 4)).T
         fields = _fields(qweight.T, self.fmt.bits)  # [N, K·bits/32] words -> [N, K]: rows in order
-        return fields
+        return fields[:, self.input_order] if ordered and self.input_order is not None else fields
 
     def zeros(self, stack) -> np.ndarray:
         """The zero points, uint8-or-wider [K/g, N] (v1 GPTQ: masked field + 1)."""
@@ -133,7 +145,7 @@ class QuantizedLinear:
 
     def float32(self, stack) -> np.ndarray:
         """(q − z)·s as float32 [N, K], exact."""
-        group = np.arange(self.k) // self.group  # [K]
+        group = np.arange(self.k) // self.group if self.row_groups is None else self.row_groups  # [K]
         q = self.codes(stack).astype(np.float32)
         z = self.zeros(stack).astype(np.float32)[group].T  # [N, K]
         s = np.asarray(stack.enter_context(mapped(self.scales)), np.float32)[group].T
@@ -145,8 +157,10 @@ class QuantizedLinear:
         repeat = self.group // block
         k_blocks = self.k // block
 
+        as_stored = bits == self.fmt.bits and self.fmt.method == "gptq" and self.input_order is None
+
         def compute(stack):
-            codes = self.codes(stack) if self.fmt.method == "awq" or bits != self.fmt.bits else None  # [N, K]
+            codes = None if as_stored else self.codes(stack, ordered=True)  # [N, K], each group's rows a block
             zeros = self.zeros(stack).T  # [N, K/g]
             scales = np.asarray(stack.enter_context(mapped(self.scales))).T  # [N, K/g]
             if repeat > 1:  # one group over several blocks: its scale and zero point on each
@@ -154,7 +168,7 @@ class QuantizedLinear:
             if bits > self.fmt.bits:  # 4-bit codes as 8-bit: both shifted by 120, differences kept
                 codes, zeros = codes + np.uint8(120), zeros + 120
             zeros = zeros.astype(np.uint8)
-            if bits == self.fmt.bits and self.fmt.method == "gptq":
+            if as_stored:
                 # GPTQ's words, little-endian, are MatMulNBits' bytes: column n's codes along K,
                 # element 2j in the low nibble. Only the transpose is left.
                 data = np.ascontiguousarray(stack.enter_context(mapped(self.qweight)).T).view(np.uint8)
@@ -166,9 +180,9 @@ class QuantizedLinear:
                 if k_blocks % 2:
                     zeros = np.concatenate([zeros, np.full((self.n, 1), 8, np.uint8)], axis=1)
                 zeros = zeros[:, 0::2] | (zeros[:, 1::2] << 4)
-            return data.reshape(self.n, k_blocks, -1), scales, zeros
+            return BlockArrays(data.reshape(self.n, k_blocks, -1), scales, zeros)
 
-        return Blocks(bits, block, compute, self.fmt.method, zero_points=True)
+        return Blocks(bits, block, compute, self.fmt.method, zero_points=True, input_order=self.input_order)
 
 
 class QuantizedCheckpoint(Checkpoint):
@@ -231,7 +245,7 @@ class QuantizedCheckpoint(Checkpoint):
 
 
 def _layer(raw: dict[str, TensorInfo], module: str, fmt: QuantFormat) -> QuantizedLinear:
-    """One layer's tensors, their shapes checked against the format; act-order refused."""
+    """One layer's tensors, their shapes checked against the format; act-order's row order."""
     def get(part: str) -> TensorInfo:
         if f"{module}.{part}" not in raw:
             raise BuildError(f"{module} has a qweight but no {part} ({fmt.method} needs qweight, qzeros, scales)")
@@ -259,13 +273,22 @@ def _layer(raw: dict[str, TensorInfo], module: str, fmt: QuantFormat) -> Quantiz
     if k % group or block_size(group) is None:
         raise BuildError(f"{module}: group size {group} over {k} input features has no MatMulNBits block size "
                          f"(a multiple of 16, dividing K)")
+    row_groups = order = None
     if g_idx is not None:
         with mapped(g_idx) as g:
-            trivial = g.shape == (k,) and np.array_equal(g, np.arange(k) // group)
-        if not trivial:
-            raise BuildError(f"{module}.g_idx is not row // group_size (GPTQ act-order, desc_act): builder does not "
-                             "read act-order GPTQ; re-quantize without desc_act")
-    return QuantizedLinear(fmt, qweight, qzeros, scales, g_idx, n, k)
+            row_groups = np.array(g, np.int64)
+        if row_groups.shape != (k,):
+            raise BuildError(f"{module}.g_idx has shape {list(row_groups.shape)}; GPTQ needs one group per input "
+                             f"row, [{k}]")
+        if np.array_equal(row_groups, np.arange(k) // group):
+            row_groups = None
+        else:  # act-order: each group's rows, in a stable sort of g_idx, must fill exactly one group
+            counts = np.bincount(np.clip(row_groups, 0, k // group), minlength=k // group + 1)
+            if row_groups.min() < 0 or counts[-1] or (counts[:-1] != group).any():
+                raise BuildError(f"{module}.g_idx does not give each of its {k // group} groups exactly "
+                                 f"{group} input rows (GPTQ act-order must), so its groups are not blocks")
+            order = np.argsort(row_groups, kind="stable")
+    return QuantizedLinear(fmt, qweight, qzeros, scales, g_idx, n, k, row_groups, order)
 
 
 def _bits(layer: QuantizedLinear) -> int:

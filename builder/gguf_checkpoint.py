@@ -16,16 +16,15 @@ Llama 3.1/3.2's llama3 scaling as per-frequency factors (`rope_freqs`: each freq
 factor, as llama.cpp's rope does; transformers' GGUF loader skips it and builds the plain rotary),
 Phi-3's LongRoPE long/short factors.
 
-Tensor types: F32, F16 and BF16 are float weights. Q4_0 and Q8_0 blocks (32 values, one fp16
-scale, symmetric codes) are MatMulNBits' own layout: a quantized build writes them as stored,
-nothing lost (`lazy.Blocks`); a float build dequantizes them exactly. Decided: an int4 build of a
-Q8_0 tensor keeps its 8-bit blocks (8-bit MatMulNBits, lossless; 32 code bytes and a scale per 32
-values against int4's 16 and a scale, 1.8-1.9 times the bytes) rather than rounding them again to
-4 bits, which would stack a second rounding on the first; a user who wants int4 sizes builds from
-the float checkpoint, where int4 rounds the original weights once. Q4_1, Q5_0, Q5_1 and the
-K-quants (Q2_K..Q6_K) are dequantized exactly to float32 (gguf.quants, the same numbers transformers
-loads) and then take the build's precision: lossless in float, re-quantized in int4/int8.
-Any other type is refused by name.
+Tensor types: F32, F16 and BF16 are float weights. Q4_0, Q8_0, Q4_1, Q5_0, Q5_1 and the K-quants
+Q2_K..Q6_K are written into MatMulNBits value for value by a quantized build (builder/gguf_blocks.py:
+4- or 8-bit codes, blocks of 32 or 16, the minimums of Q4_1, Q5_1, Q2_K, Q4_K and Q5_K as per-block
+offsets), nothing re-quantized; a float build dequantizes them (gguf.quants, the same numbers
+transformers loads). Any other type is refused by name.
+Decided: an int4 build of a Q8_0 tensor keeps its 8-bit blocks (8-bit MatMulNBits, lossless; 32 code
+bytes and a scale per 32 values against int4's 16 and a scale, 1.8-1.9 times the bytes) rather than
+rounding them again to 4 bits, which would stack a second rounding on the first; a user who wants
+int4 sizes builds from the float checkpoint, where int4 rounds the original weights once.
 """
 
 from __future__ import annotations
@@ -42,15 +41,14 @@ import numpy as np
 
 from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
-from builder.lazy import Blocks, Weight
+from builder.gguf_blocks import LAYOUT, WITH_MINIMUM, gguf_blocks
+from builder.lazy import Weight
 from builder.mapping import TensorInfo, mapped
 
 log = logging.getLogger("builder")
 
 FLOAT = {"F32": np.dtype(np.float32), "F16": np.dtype(np.float16), "BF16": np.dtype(ml_dtypes.bfloat16)}
-STORED_AS_IS = {"Q4_0": 4, "Q8_0": 8}  # MatMulNBits bits, block size 32
-DEQUANTIZED = ("Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-BLOCK = 32
+BLOCK = 32  # the smallest whole row of every quantized type
 
 
 @dataclass(frozen=True)
@@ -158,23 +156,6 @@ def _dequantized(t: GGUFTensor):
     return lambda stack: dequantize(np.asarray(_read(t, stack)), qtype).reshape(t.shape)
 
 
-def _blocks(t: GGUFTensor) -> Blocks:
-    """Q4_0 / Q8_0 blocks in MatMulNBits' layout (ggml-quants.c's block_q4_0 / block_q8_0)."""
-    n, k = t.shape
-    k_blocks = k // BLOCK
-
-    def compute(stack):
-        raw = np.asarray(_read(t, stack)).reshape(n, k_blocks, -1)
-        scales = raw[:, :, :2].copy().view(np.float16)[:, :, 0]  # d, fp16
-        if t.kind == "Q8_0":
-            return raw[:, :, 2:] ^ np.uint8(0x80), scales, None  # int8 q -> q + 128: w = d·q
-        qs = raw[:, :, 2:]  # element j in the low nibble of byte j, element j + 16 in its high nibble
-        codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # (n, k_blocks, 32), w = d·(q − 8)
-        return codes[:, :, 0::2] | (codes[:, :, 1::2] << 4), scales, None
-
-    return Blocks(STORED_AS_IS[t.kind], BLOCK, compute, t.kind)
-
-
 def unpermute_rows(rows: int, heads: int) -> np.ndarray:
     """The row order that undoes llama.cpp's q/k permutation (transformers'
     LlamaTensorProcessor._reverse_permute_weights, on row indices)."""
@@ -254,7 +235,7 @@ class GGUFCheckpoint(Checkpoint):
         t = self.gguf[name]
         if t.kind in FLOAT:
             return Weight.source(t.shape, FLOAT[t.kind], lambda stack: _read(t, stack), name)
-        blocks = _blocks(t) if t.kind in STORED_AS_IS and len(t.shape) == 2 else None
+        blocks = gguf_blocks(t.kind, t.shape, lambda stack: _read(t, stack)) if len(t.shape) == 2 else None
         return Weight(t.shape, np.float32, _dequantized(t), (name,), blocks)
 
     def same_values(self, a: str, b: str, rows_per_chunk: int = 4096) -> bool:
@@ -268,17 +249,17 @@ class GGUFCheckpoint(Checkpoint):
 def check_types(path: Path, entries: list[tuple[str, str, tuple[int, ...], int, int]]) -> None:
     """Refuses, in one line, any tensor type builder cannot read; logs what happens to the others."""
     counts = Counter(kind for _, kind, *_ in entries)
-    refused = sorted(k for k in counts if k not in FLOAT and k not in STORED_AS_IS and k not in DEQUANTIZED)
+    refused = sorted(k for k in counts if k not in FLOAT and k not in LAYOUT)
     if refused:
         first = next(name for name, kind, *_ in entries if kind == refused[0])
         raise BuildError(f"{path}: GGUF tensor type {', '.join(refused)} is not supported (e.g. {first}); "
-                         f"supported: {', '.join([*FLOAT, *STORED_AS_IS, *DEQUANTIZED])}")
+                         f"supported: {', '.join([*FLOAT, *LAYOUT])}")
     for name, kind, shape, *_ in entries:
         if kind not in FLOAT and shape[-1] % BLOCK:
             raise BuildError(f"{path}: tensor {name} ({kind}) has rows of {shape[-1]} values, not whole blocks")
-    how = {**{k: "float" for k in FLOAT}, **{k: f"{b}-bit MatMulNBits as stored in a quantized build, exact float "
-                                             "otherwise" for k, b in STORED_AS_IS.items()},
-           **{k: "dequantized exactly to float, then the build's precision" for k in DEQUANTIZED}}
+    how = {**{k: "float" for k in FLOAT},
+           **{k: f"{b}-bit MatMulNBits blocks of {n} as stored{' with block minimums' if k in WITH_MINIMUM else ''} "
+                 "in a quantized build, exact float otherwise" for k, (b, n) in LAYOUT.items()}}
     for kind, n in sorted(counts.items()):
         log.info("GGUF %s: %d tensors, %s", kind, n, how[kind])
 

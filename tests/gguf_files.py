@@ -99,16 +99,24 @@ def permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+# Where a K-quant block keeps its fp16 super-block scales (ggml's block_q*_K): byte offset, count.
+K_SCALES = {"Q2_K": (80, 2), "Q3_K": (108, 1), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208, 1)}
+
+
 def random_blocks(shape: tuple[int, ...], qtype) -> np.ndarray:
-    """Random bytes in the layout of `qtype`; for Q6_K (ggml's block_q6_k: ql[128], qh[64],
-    int8 scales[16], fp16 d last) with a small d, so the values are finite and model-sized."""
+    """Random bytes in the layout of `qtype` (one gguf-py cannot write); for a K-quant with small
+    fp16 super-block scales (d, and dmin where there is one), so the values are finite and model-sized."""
     import gguf
 
     rng = np.random.default_rng(0)
     data = rng.integers(0, 256, gguf.quants.quant_shape_to_byte_shape(shape, qtype), dtype=np.uint8)
-    if qtype == gguf.GGMLQuantizationType.Q6_K:
-        blocks = data.reshape(-1, 210)
-        blocks[:, 208:] = np.full((len(blocks), 1), 2e-5, np.float16).view(np.uint8)
+    if qtype.name not in K_SCALES:
+        return data
+    blocks = data.reshape(-1, gguf.GGML_QUANT_SIZES[qtype][1])
+    start, count = K_SCALES[qtype.name]
+    magnitude = 2e-5 if qtype.name in ("Q6_K", "Q3_K") else 4e-4  # Q6_K/Q3_K: 8- and 6-bit signed sub-scales
+    values = (magnitude * rng.uniform(0.5, 1.5, (len(blocks), count))).astype(np.float16)
+    blocks[:, start : start + 2 * count] = values.view(np.uint8)
     return data
 
 

@@ -213,12 +213,46 @@ def test_genai_greedy_matches_transformers(tmp_path, method):
     assert_same_greedy(out, ref, GENAI_PROMPT)
 
 
-def test_act_order_is_refused_in_one_line(tmp_path, capsys):
+def test_act_order_is_exact(tmp_path):
+    """GPTQ act-order (g_idx a random permutation of row // group_size): each MatMulNBits holds the
+    codes with K permuted so that every group is one block, and gathers its input in that order;
+    un-permuted, its weights equal the format's dequantization bit for bit; logits equal
+    transformers' on the dequantized model, and onnxruntime-genai's greedy tokens too."""
+    path, ref = make(tmp_path, "gptq", group=32, act_order=True)
+    out = build(path, tmp_path / "out", *INT4)
+    want = reference_weights(path, "gptq", 4, 32, True)
+    model = onnx.load(out / "model.onnx")
+    init = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
+    gathers = {n.input[1]: n for n in model.graph.node if n.op_type == "Gather" and n.input[1].endswith("input_order")}
+    got = onnx_weights(out)
+    assert len(got) == 5 * SIZES["num_hidden_layers"] and len(gathers) == len(got)
+    for name, (w, bits, block, _) in got.items():
+        order = init[f"{name}.input_order"]
+        assert {a.name: a.i for a in gathers[f"{name}.input_order"].attribute}["axis"] == -1
+        unpermuted = np.empty_like(w)
+        unpermuted[:, order] = w  # B's column j is input feature order[j]
+        parts = [name.replace("qkv_proj", p) for p in ("q_proj", "k_proj", "v_proj")] if "qkv" in name else [name]
+        np.testing.assert_array_equal(unpermuted, np.concatenate([want[m] for m in parts]), err_msg=name)
+        assert not np.array_equal(order, np.arange(len(order))) and (bits, block) == (4, 32)
+    assert_parity(out, ref, 1e-4)
+    assert_same_greedy(out, ref, GENAI_PROMPT)
+    assert_parity(build(path, tmp_path / "fp32", "-p", "fp32"), ref, 1e-4)  # float: (q − z[g_idx])·s[g_idx]
+
+
+def test_act_order_with_unequal_groups_is_refused_in_one_line(tmp_path, capsys):
+    """A g_idx whose groups do not each hold group_size rows cannot become blocks."""
+    from safetensors.numpy import load_file, save_file
+
     path, _ = make(tmp_path, "gptq", group=32, act_order=True)
+    tensors = load_file(path / "model.safetensors")
+    g_idx = tensors["model.layers.1.mlp.down_proj.g_idx"]
+    g_idx[g_idx == 1] = 0  # group 0 now has 64 rows, group 1 none
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     capsys.readouterr()
     assert main(["-m", str(path), "-o", str(tmp_path / "out"), "-q"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "act-order" in err and "g_idx" in err
+    assert "\n" not in err and "down_proj.g_idx" in err and "exactly 32 input rows" in err, err
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("qc, message", [

@@ -143,7 +143,7 @@ def test_row_slice_keeps_the_stored_blocks(tmp_path):
     up = whole.slice(0, TINY["intermediate_size"], 2 * TINY["intermediate_size"])
     assert up.blocks is not None and up.blocks.bits == 8
     with contextlib.ExitStack() as stack:
-        data, scales, _ = up.blocks.compute(stack)
+        data, scales, *_ = up.blocks.compute(stack)
         values = dequantize(QuantizedMatrix(data, scales, None), TINY["hidden_size"], 8)
         np.testing.assert_array_equal(values, whole.numpy()[TINY["intermediate_size"]:])
 

@@ -168,3 +168,35 @@ def test_quantized_stack_is_written_holding_one_expert(tmp_path):
     peak = traced_peak(lambda: save([data, scales], tmp_path / "out"))
     assert data.nbytes == 8 * 2**20 and scales.nbytes == 2**20
     assert peak < scales.nbytes + 4 * expert_float, f"peak {peak / 2**20:.1f} MB for {data.nbytes / 2**20:.0f} MB of codes"
+
+
+def test_blocks_concat_reblocks_and_refuses_different_input_orders(caplog):
+    """Fused parts: blocks of 32 and 16 join at 16 (same values); parts permuted along K differently
+    (act-order q/k/v with different g_idx) cannot share one input, so they are not joined."""
+    from builder.lazy import BlockArrays, Blocks
+
+    rng = np.random.default_rng(0)
+
+    def part(block, order=None, rows=4, k=64):
+        data = rng.integers(0, 256, (rows, k // block, block // 2), dtype=np.uint8)
+        scales = rng.standard_normal((rows, k // block)).astype(np.float32)
+        zp = rng.integers(0, 256, (rows, k // block // 2), dtype=np.uint8)
+        offsets = rng.standard_normal((rows, k // block)).astype(np.float32)
+        arrays = BlockArrays(data, scales, zp, offsets)
+        return Blocks(4, block, lambda stack: arrays, "x", True, True, order), arrays
+
+    def values(arrays, block):  # float64 [rows, K]
+        data, scales, zp, offsets = arrays
+        codes = np.stack([data & 15, data >> 4], -1).reshape(len(data), -1, block)
+        z = np.stack([zp & 15, zp >> 4], -1).reshape(len(zp), -1)[:, : scales.shape[1], None]
+        return ((codes - z.astype(np.float64)) * scales[..., None] + offsets[..., None]).reshape(len(data), -1)
+
+    (a, arrays_a), (b, arrays_b) = part(32), part(16)
+    joined = Blocks.concat([a, b])
+    assert joined.block_size == 16
+    np.testing.assert_array_equal(values(joined.compute(None), 16),
+                                  np.concatenate([values(arrays_a, 32), values(arrays_b, 16)]))
+    order = rng.permutation(64)
+    assert Blocks.concat([part(32, order)[0], part(32, order.copy())[0]]).input_order is not None
+    assert Blocks.concat([part(32, order)[0], part(32, rng.permutation(64))[0]]) is None
+    assert "different act-order permutations" in caplog.text

@@ -25,7 +25,8 @@ def embedding(
     q = target.quantization
     if shared is None and q is not None:
         if weight.blocks is not None:  # stored pre-quantized (GGUF): gathered as stored when asked
-            bits, wanted = weight.blocks.bits, q.embeddings
+            # (not an act-order GPTQ table: its columns are permuted)
+            bits, wanted = weight.blocks.bits, q.embeddings and weight.blocks.input_order is None
         else:
             bits = q.bits_for("model.embed_tokens", source_modules(weight.sources))
             wanted = (q.embeddings and q.bits == 4) or (q.bits == 4 and bits == 8)
@@ -52,6 +53,11 @@ def _gather_quantized(g: Graph, input_ids: ir.Value, m: QuantizedValues, target:
         data, input_ids, m.scales, m.zero_points,
         bits=bits, block_size=block_size, gather_axis=0, quantize_axis=1,
     )  # (B, S, padded)
+    if m.offsets is not None:  # each block's minimum (GGUF Q4_1, K-quants), added to its values
+        rows = g.op.Transpose(g.op.Gather(m.offsets, input_ids, axis=1), perm=[1, 2, 0])  # (K/b, B, S) -> (B, S, K/b)
+        blocked = g.op.Reshape(x, g.constant([0, 0, k_blocks, block_size], "int64"))  # (B, S, K) -> (B, S, K/b, b)
+        x = g.op.Reshape(g.op.Add(blocked, g.op.Unsqueeze(rows, g.constant([-1], "int64"))),
+                         g.constant([0, 0, padded], "int64"))  # (B, S, K/b, b) -> (B, S, K)
     if padded != m.k:
         x = g.op.Slice(x, g.constant([0], "int64"), g.constant([m.k], "int64"), g.constant([-1], "int64"))
     return x

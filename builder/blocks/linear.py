@@ -30,6 +30,8 @@ class QuantizedValues:
     k: int
     bits: int
     block_size: int | None = None  # a pre-quantized weight's own block size; None: the build's
+    offsets: ir.Value | None = None  # float [k_blocks, N]: each block's minimum (GGUF Q4_1, K-quants)
+    input_order: ir.Value | None = None  # int64 [K]: B's input features in this order (GPTQ act-order)
 
 
 def stored_bits(weight: Weight, q: Quantization) -> int:
@@ -80,19 +82,21 @@ def quantized_weight(g: Graph, weight: Weight, q: Quantization, scale_dtype: np.
 
 
 def _stored_blocks(g: Graph, weight: Weight, scale_dtype: np.dtype) -> QuantizedValues:
-    """B, scales and (when the format stores them) zero points straight from a pre-quantized
-    weight's blocks."""
+    """B, scales, and what the format stores besides (zero points, per-block offsets) straight from
+    a pre-quantized weight's blocks; its input order as a constant."""
     b = weight.blocks
     n, k = weight.shape
     data_shape, scales_shape, zp_shape = packed_shapes(n, k, b.bits, b.block_size)
 
     def compute() -> dict[str, np.ndarray]:
         with contextlib.ExitStack() as stack:
-            data, scales, zero_points = b.compute(stack)
+            data, scales, zero_points, offsets = b.compute(stack)
             # Copies that own their memory: the sources are views of mapped file pages.
             parts = {"data": np.array(data, np.uint8), "scales": np.array(scales, scale_dtype)}
             if zero_points is not None:
                 parts["zero_points"] = np.array(zero_points, np.uint8)
+            if offsets is not None:
+                parts["offsets"] = np.ascontiguousarray(offsets.T, scale_dtype)  # [N, k_blocks] -> [k_blocks, N]
             return parts
 
     shared = SharedResult(compute)
@@ -103,9 +107,30 @@ def _stored_blocks(g: Graph, weight: Weight, scale_dtype: np.dtype) -> Quantized
         return g.lazy_initializer(name, shared.tensor(part, shape, dtype, name), weight.sources if main else (),
                                   by_product=not main)
 
+    order = None
+    if b.input_order is not None:
+        order = g.weight("input_order", Weight.constant(np.asarray(b.input_order, np.int64)))
     return QuantizedValues(register("data", data_shape, np.uint8), register("scales", scales_shape, scale_dtype),
                            register("zero_points", zp_shape, np.uint8) if b.zero_points else None,
-                           n, k, b.bits, b.block_size)
+                           n, k, b.bits, b.block_size,
+                           register("offsets", scales_shape[::-1], scale_dtype) if b.offsets else None, order)
+
+
+def matmul_nbits(g: Graph, x: ir.Value, m: QuantizedValues, target: Target) -> ir.Value:
+    """x · Wᵀ for a quantized W: one MatMulNBits, after a Gather of x's features into B's order
+    (act-order), plus the block minimums' term (GGUF Q4_1, K-quants): Σ_b offset[b, n] · Σ_{k∈b} x_k."""
+    q = target.quantization
+    block_size = m.block_size or q.block_size
+    if m.input_order is not None:
+        x = g.op.Gather(x, m.input_order, axis=-1)  # (B, S, K), features in the order B stores them
+    y = g.ms.MatMulNBits(x, m.data, m.scales, m.zero_points, K=m.k, N=m.n, bits=m.bits, block_size=block_size,
+                         accuracy_level=q.accuracy_level)
+    if m.offsets is not None:
+        k_blocks = m.k // block_size
+        blocked = g.op.Reshape(x, g.constant([0, 0, k_blocks, block_size], "int64"))  # (B, S, K) -> (B, S, K/b, b)
+        sums = g.op.ReduceSum(blocked, g.constant([-1], "int64"), keepdims=0)  # (B, S, K/b)
+        y = g.op.Add(y, g.op.MatMul(sums, m.offsets))  # (B, S, K/b) · (K/b, N)
+    return y
 
 
 def linear(
@@ -123,12 +148,7 @@ def linear(
         bits = target.quantization.bits_for(module, sources)
         quantized = quantized_weight(g, weight, target.quantization, target.io_dtype, bits)
     if quantized is not None:
-        q = target.quantization
-        y = g.ms.MatMulNBits(
-            x, quantized.data, quantized.scales, quantized.zero_points,
-            K=quantized.k, N=quantized.n, bits=quantized.bits,
-            block_size=quantized.block_size or q.block_size, accuracy_level=q.accuracy_level,
-        )
+        y = matmul_nbits(g, x, quantized, target)
     else:
         w = g.weight("weight", weight.transpose().astype(target.io_dtype))  # [out, in] -> [in, out]
         y = g.op.MatMul(x, w)

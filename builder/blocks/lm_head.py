@@ -28,6 +28,8 @@ def shared_vocabulary(g: Graph, weight: Weight, target: Target) -> Shared | None
     q = target.quantization
     if q.bits != 4 or stored_bits(weight, q) != 4:  # int8 builds, and 8-bit blocks stored pre-quantized
         return None
+    if weight.blocks is not None and weight.blocks.input_order is not None:  # act-order: columns permuted
+        return None
     with g.scope("lm_head"):
         return quantized_weight(g, weight, q, target.io_dtype, q.bits_for("lm_head", source_modules(weight.sources)))
 

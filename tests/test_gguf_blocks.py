@@ -1,0 +1,56 @@
+"""GGUF's quantized types as MatMulNBits blocks (builder/gguf_blocks.py): for every type, the
+blocks' values — (code − zero point)·scale + offset, in float64 — rounded once to float32 equal
+gguf-py's own dequantization (the numbers transformers loads) bit for bit."""
+
+import contextlib
+
+import gguf
+import numpy as np
+import pytest
+from gguf_files import random_blocks
+
+from builder.gguf_blocks import LAYOUT, WITH_MINIMUM, gguf_blocks
+
+
+def block_values(arrays, bits: int, block: int) -> np.ndarray:
+    """float64 [N, K] of BlockArrays, from the format's definition (nibbles, element 2j low)."""
+    data, scales, zp, offsets = arrays
+    n, k_blocks = scales.shape
+    codes = np.stack([data & 0x0F, data >> 4], axis=-1).reshape(n, -1) if bits == 4 else data.reshape(n, -1)
+    if zp is None:
+        zp = np.full((n, k_blocks), 1 << (bits - 1))
+    elif bits == 4:
+        zp = np.stack([zp & 0x0F, zp >> 4], axis=-1).reshape(n, -1)[:, :k_blocks]
+    w = (codes.astype(np.float64).reshape(n, k_blocks, block) - zp[..., None]) * scales[..., None].astype(np.float64)
+    if offsets is not None:
+        w = w + offsets[..., None].astype(np.float64)
+    return w.reshape(n, -1)
+
+
+def stored(kind: str, shape=(6, 512)) -> np.ndarray:
+    qtype = gguf.GGMLQuantizationType[kind]
+    w = np.random.default_rng(1).standard_normal(shape).astype(np.float32) * 0.05
+    w[0] += 0.3  # a row of blocks far from zero: minimums large against the scales
+    try:
+        return gguf.quants.quantize(w, qtype)
+    except NotImplementedError:
+        return random_blocks(shape, qtype)
+
+
+@pytest.mark.parametrize("kind", LAYOUT)
+def test_blocks_hold_the_stored_values(kind):
+    raw = stored(kind)
+    qtype = gguf.GGMLQuantizationType[kind]
+    want = gguf.quants.dequantize(raw, qtype)
+    blocks = gguf_blocks(kind, want.shape, lambda stack: raw)
+    with contextlib.ExitStack() as stack:
+        arrays = blocks.compute(stack)
+    assert (blocks.bits, blocks.block_size) == LAYOUT[kind]
+    assert (arrays.offsets is not None) == (kind in WITH_MINIMUM) == blocks.offsets == blocks.zero_points
+    got = block_values(arrays, blocks.bits, blocks.block_size)
+    np.testing.assert_array_equal(got.astype(np.float32), want)
+    if kind in WITH_MINIMUM:  # the zero point is the codes' middle where that offset is exact
+        middle = {"Q4_1": 8, "Q4_K": 8, "Q2_K": 2, "Q5_1": 128, "Q5_K": 128}[kind]
+        zp = arrays.zero_points
+        zp = np.stack([zp & 0x0F, zp >> 4], axis=-1).reshape(len(zp), -1) if blocks.bits == 4 else zp
+        assert (zp == middle).mean() > 0.9, kind
