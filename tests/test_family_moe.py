@@ -63,18 +63,27 @@ def router_logits(model, ids):
     return seen
 
 
-def fake_quantize_experts(model, bits=4, block_size=32):
+def fake_quantize_experts(model, bits=4, block_size=32, symmetric=True, method="rtn"):
     """fake_quant.fake_quantize_model for MoE models: every Linear but the float shared-expert gate,
     and the experts' 3-D gate_up_proj [E, 2I, H] / down_proj [E, H, I] one expert at a time (a
-    row-wise quantization: the fused gate_up rows round as the separate gate and up rows do)."""
+    row-wise quantization: the fused gate_up rows round as the separate gate and up rows do).
+    RTN through ONNX Runtime's quantizer, other methods through builder.quantize."""
+    from builder.quantize import dequantize, quantize
+
+    def rounded(w):
+        if method == "rtn":
+            return fake_quantize(w, bits, block_size, symmetric)
+        m = quantize(w.detach().numpy(), bits, block_size, symmetric, np.float32, method)
+        return torch.from_numpy(dequantize(m, w.shape[1], bits))
+
     with torch.no_grad():
         for name, module in model.named_modules():
             if isinstance(module, torch.nn.Linear) and not name.endswith("shared_expert_gate"):
-                module.weight.copy_(fake_quantize(module.weight, bits, block_size, True))
+                module.weight.copy_(rounded(module.weight))
             for p in (getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)):
                 if isinstance(p, torch.nn.Parameter) and p.dim() == 3:
                     for e in range(p.shape[0]):
-                        p[e].copy_(fake_quantize(p[e], bits, block_size, True))
+                        p[e].copy_(rounded(p[e]))
 
 
 def test_routing_is_decisive(variant):
@@ -94,6 +103,18 @@ def test_int4_matches_fake_quantized_transformers(variant, tmp_path):
     out = build(variant, tmp_path / "out", "-p", "int4", "--accuracy-level", "0")
     model = transformers.AutoModelForCausalLM.from_pretrained(variant, dtype=torch.float32).eval()
     fake_quantize_experts(model)
+    ref_prefill, ref_step, next_id = model_logits(model, PROMPT)
+    got = OnnxDecoder(out).prefill_and_step(PROMPT, next_id)
+    for g, want in zip(got, (ref_prefill, ref_step)):
+        assert cosine(g, want) > 0.999 and relative_error(g, want) < 1e-4
+
+
+def test_search_quantized_experts_match_transformers(variant, tmp_path):
+    # --quant-method search --asymmetric reaches the experts too (they were once always RTN).
+    out = build(variant, tmp_path / "out", "-p", "int4", "--accuracy-level", "0", "--quant-method", "search",
+                "--asymmetric")
+    model = transformers.AutoModelForCausalLM.from_pretrained(variant, dtype=torch.float32).eval()
+    fake_quantize_experts(model, symmetric=False, method="search")
     ref_prefill, ref_step, next_id = model_logits(model, PROMPT)
     got = OnnxDecoder(out).prefill_and_step(PROMPT, next_id)
     for g, want in zip(got, (ref_prefill, ref_step)):

@@ -91,7 +91,7 @@ def quantized_experts(g: Graph, parts: Sequence[Sequence[Weight]], q: Quantizati
         data, scales = np.empty(data_shape[1:], np.uint8), np.empty(scales_shape[1:], scale_dtype)
         zps = None if q.symmetric else np.empty(zp_shape[1:], np.uint8)
         for j, part in enumerate(parts):
-            m = part[x].apply(lambda rows: quantize(rows, q.bits, q.block_size, q.symmetric, scale_dtype))
+            m = part[x].apply(lambda rows: quantize(rows, q.bits, q.block_size, q.symmetric, scale_dtype, q.method))
             data[j::ways] = m.data.reshape(n, -1)
             scales[j::ways] = m.scales
             if zps is not None:
