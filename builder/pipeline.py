@@ -35,6 +35,7 @@ from builder.preflight import (
     check_context_length,
     check_float_layers,
     timed,
+    warn_if_bf16_rounds_stored_scales,
     warn_if_no_tokenizer,
 )
 from builder.record import hash_inputs
@@ -111,6 +112,8 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     if target.context_length:
         info = dataclasses.replace(info, context_length=target.context_length)
     checkpoint, adapter = open_checkpoint(inp, options)
+    blocks = inp.gguf is not None and any(t.kind not in ("F32", "F16", "BF16") for t in inp.gguf_checkpoint.gguf.values())
+    warn_if_bf16_rounds_stored_scales(inp.quantized is not None or blocks, target)
     packager = None if options.text_only or inp.gguf is not None else architectures.load_package(names[0])
     package = packager.package(raw, folder, checkpoint, config, target) if packager is not None else None
 

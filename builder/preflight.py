@@ -9,6 +9,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
+import numpy as np
+
 from builder.errors import BuildError
 from builder.target import Target, matches
 
@@ -59,6 +62,14 @@ def warn_if_no_tokenizer(folder: Path) -> None:
         log.warning("warning: %s has no tokenizer.json or tokenizer.model: the model is built, but "
                     "onnxruntime-genai's tokenizer needs tokenizer.json (with tokenizer_config.json) or "
                     "tokenizer.model beside it", folder)
+
+
+def warn_if_bf16_rounds_stored_scales(prequantized: bool, target: Target) -> None:
+    """A pre-quantized input (AWQ/GPTQ, GGUF blocks) keeps its exact values in MatMulNBits only while
+    its fp16 scales survive the activation dtype: bfloat16 keeps 8 of their 11 significant bits."""
+    if prequantized and target.quantization is not None and np.dtype(target.io_dtype) == ml_dtypes.bfloat16:
+        log.warning("warning: bf16 activations round the checkpoint's fp16 quantization scales to bf16, so the "
+                    "quantized weights are no longer exactly the checkpoint's; --io-dtype fp16 keeps them exact")
 
 
 @contextlib.contextmanager

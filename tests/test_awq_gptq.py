@@ -277,3 +277,12 @@ def test_encoder_and_reference_agree():
         v = rng.integers(0, 2**bits, (16, 64))
         for axis in (0, 1):
             np.testing.assert_array_equal(unpack_along(pack_along(v, bits, axis, order), bits, axis, order), v)
+
+
+def test_bf16_activations_warn_that_the_stored_scales_are_rounded(tmp_path, capsys):
+    # MatMulNBits' scales take the activation dtype: bf16 keeps 8 of fp16's 11 significant bits.
+    path, _ = make(tmp_path, "awq", group=64)
+    assert main(["-m", str(path), "-o", str(tmp_path / "bf16"), "-p", "int4", "-e", "cuda", "--io-dtype", "bf16"]) == 0
+    assert "round the checkpoint's fp16 quantization scales to bf16" in capsys.readouterr().err
+    assert main(["-m", str(path), "-o", str(tmp_path / "fp16"), "-p", "int4", "-e", "cuda"]) == 0
+    assert "quantization scales" not in capsys.readouterr().err
