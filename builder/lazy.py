@@ -336,6 +336,9 @@ class Weight:
             pieces = self.pieces
             return StreamedTensor(lambda: ir.Tensor(self.numpy(), name=name), lambda: (p.numpy() for p in pieces),
                                   self.dtype, self.shape, name)
+        if self.nbytes > STREAM_BYTES and len(self.shape) >= 1:
+            return StreamedTensor(lambda: ir.Tensor(self.numpy(), name=name), self._row_blocks, self.dtype,
+                                  self.shape, name)
         return ir.LazyTensor(
             lambda: ir.Tensor(self.numpy(), name=name),
             dtype=ir.DataType.from_numpy(self.dtype),
@@ -344,10 +347,39 @@ class Weight:
         )
 
 
+    def _row_blocks(self) -> Iterator[np.ndarray]:
+        """The value in blocks of rows, each converted and its source pages handed back before the
+        next: a large table read row by row (an embedding, an untied lm_head in float) is written
+        holding one block of it. A recipe whose rows are not contiguous in its source (a transposed
+        weight, whose rows gather from every source page) or that is computed whole (`map`,
+        `filled`) comes as one piece, as numpy() makes it."""
+        with contextlib.ExitStack() as stack:
+            value = self._compute(stack)
+            if isinstance(value, _Filled):
+                yield value.array
+                return
+            source = value.array if isinstance(value, _Cast) else value
+            if not (isinstance(source, np.ndarray) and source.flags.c_contiguous):
+                out = np.empty(self.shape, self.dtype)
+                _copy_parts(out, source)  # as numpy() does
+                yield out
+                return
+            row = max(1, self.nbytes // self.shape[0])
+            step = max(1, ROW_BLOCK_BYTES // row)
+            for r in range(0, self.shape[0], step):
+                block = value[r : r + step]
+                out = np.empty((min(step, self.shape[0] - r), *self.shape[1:]), self.dtype)
+                np.copyto(out, block.array if isinstance(block, _Cast) else block, casting="unsafe")
+                release(block)
+                yield out
+
+
 TILE = 128  # 128×128 tiles of a transposed copy stay in the L2 cache of both source and target
 
 
 ROW_BLOCK_BYTES = 16 * 2**20  # source bytes converted between two releases of mapped pages
+# Tensors larger than this are written a block of rows at a time where their recipe allows it.
+STREAM_BYTES = 64 * 2**20
 
 
 def copy_into(out: np.ndarray, value: np.ndarray) -> None:

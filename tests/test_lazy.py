@@ -11,7 +11,8 @@ import pytest
 
 from builder.blocks.moe import quantized_experts
 from builder.graph import Graph
-from builder.lazy import StreamedTensor, Weight
+from builder.checkpoint import Checkpoint
+from builder.lazy import ROW_BLOCK_BYTES, STREAM_BYTES, StreamedTensor, Weight
 from builder.quantize import quantize
 from builder.target import Quantization
 from builder.writer import save_model
@@ -122,6 +123,25 @@ def test_stack_is_written_holding_one_expert(tmp_path):
     assert peak < 4 * one, f"peak {peak / 2**20:.1f} MB while writing a {stacked.nbytes / 2**20:.0f} MB stack"
     data = np.fromfile(tmp_path / "out" / "model.onnx.data", np.float16).reshape(64, 512, 512)
     assert np.array_equal(data[:, 0, 0], np.arange(64))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_a_large_table_is_written_a_block_of_rows_at_a_time(tmp_path, dtype):
+    # A 160 MB float32 (80 MB float16) table from a bf16 source (an embedding widened for the CPU): written whole it
+    # was held whole, plus its cast copy (gpt-oss' 2.3 GB embedding set a 2.46 GiB int4 peak).
+    # Row blocks of the mapped source are converted, written and their pages handed back.
+    from safetensors.numpy import save_file
+
+    rows, cols = 20480, 2048
+    table = (np.arange(rows, dtype=np.float32)[:, None] + RNG.standard_normal(cols).astype(np.float32)[None])
+    save_file({"t": table.astype(ml_dtypes.bfloat16)}, tmp_path / "t.safetensors")
+    weight = Checkpoint.open(tmp_path).weight("t").astype(dtype)
+    assert weight.nbytes > STREAM_BYTES
+    tensor = weight.to_ir("table")
+    peak = traced_peak(lambda: save([tensor], tmp_path / "out"))
+    assert peak < 4 * ROW_BLOCK_BYTES, f"peak {peak / 2**20:.0f} MB writing a {weight.nbytes / 2**20:.0f} MB table"
+    data = np.fromfile(tmp_path / "out" / "model.onnx.data", dtype).reshape(rows, cols)
+    assert np.array_equal(data, table.astype(ml_dtypes.bfloat16).astype(dtype))
 
 
 def qmoe(symmetric: bool, experts: int = 6, rows: int = 32, cols: int = 64):
