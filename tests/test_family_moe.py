@@ -99,26 +99,27 @@ def test_fp32_matches_transformers(variant, tmp_path):
     assert_parity(build(variant, tmp_path / "out", "-p", "fp32"), variant, tolerance=1e-4)
 
 
-def test_int4_matches_fake_quantized_transformers(variant, tmp_path):
-    out = build(variant, tmp_path / "out", "-p", "int4", "--accuracy-level", "0")
-    model = transformers.AutoModelForCausalLM.from_pretrained(variant, dtype=torch.float32).eval()
-    fake_quantize_experts(model)
+def assert_rounded_parity(out, source, rounding, min_cosine=0.999, bound=1e-4):
+    """The build's prefill and decode logits against transformers with `rounding(model)` applied
+    to its weights (the same fake quantization the build's weights went through)."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    rounding(model)
     ref_prefill, ref_step, next_id = model_logits(model, PROMPT)
     got = OnnxDecoder(out).prefill_and_step(PROMPT, next_id)
     for g, want in zip(got, (ref_prefill, ref_step)):
-        assert cosine(g, want) > 0.999 and relative_error(g, want) < 1e-4
+        assert cosine(g, want) > min_cosine and relative_error(g, want) < bound
+
+
+def test_int4_matches_fake_quantized_transformers(variant, tmp_path):
+    out = build(variant, tmp_path / "out", "-p", "int4", "--accuracy-level", "0")
+    assert_rounded_parity(out, variant, fake_quantize_experts)
 
 
 def test_search_quantized_experts_match_transformers(variant, tmp_path):
     # --quant-method search --asymmetric reaches the experts too (they were once always RTN).
     out = build(variant, tmp_path / "out", "-p", "int4", "--accuracy-level", "0", "--quant-method", "search",
                 "--asymmetric")
-    model = transformers.AutoModelForCausalLM.from_pretrained(variant, dtype=torch.float32).eval()
-    fake_quantize_experts(model, symmetric=False, method="search")
-    ref_prefill, ref_step, next_id = model_logits(model, PROMPT)
-    got = OnnxDecoder(out).prefill_and_step(PROMPT, next_id)
-    for g, want in zip(got, (ref_prefill, ref_step)):
-        assert cosine(g, want) > 0.999 and relative_error(g, want) < 1e-4
+    assert_rounded_parity(out, variant, lambda model: fake_quantize_experts(model, symmetric=False, method="search"))
 
 
 def test_genai_greedy_matches_transformers(variant, tmp_path):

@@ -19,8 +19,9 @@ import onnx_ir as ir
 import pytest
 import torch
 import transformers
-from fake_quant import cosine, fake_quantize_model
+from fake_quant import fake_quantize_model
 from helpers import OnnxDecoder, PROMPT, assert_parity, build, make_checkpoint, model_logits, relative_error
+from test_family_moe import assert_rounded_parity
 
 FAMILIES = ["qwen2_moe", "qwen3_moe", "mixtral", "olmoe", "granitemoe", "phimoe", "ernie4_5_moe", "gptoss"]
 
@@ -109,9 +110,4 @@ INT8_BOUND = 2e-2
 
 def test_int8_matches_fake_quantized_transformers(family, tmp_path):
     out = build(family, tmp_path / "out", "-p", "int8", "--accuracy-level", "0")
-    model = transformers.AutoModelForCausalLM.from_pretrained(family, dtype=torch.float32).eval()
-    fake_quantize_8bit(model)
-    ref_prefill, ref_step, next_id = model_logits(model, PROMPT)
-    got = OnnxDecoder(out).prefill_and_step(PROMPT, next_id)
-    for g, want in zip(got, (ref_prefill, ref_step)):
-        assert cosine(g, want) > 0.9999 and relative_error(g, want) < INT8_BOUND
+    assert_rounded_parity(out, family, fake_quantize_8bit, min_cosine=0.9999, bound=INT8_BOUND)
