@@ -7,7 +7,7 @@ from types import ModuleType
 
 from builder.errors import BuildError
 
-__all__ = ["ARCHITECTURES", "PACKAGES", "BuildError", "load", "load_package"]
+__all__ = ["ALIASES", "ARCHITECTURES", "PACKAGES", "BuildError", "canonical", "load", "load_package"]
 
 ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
@@ -47,6 +47,17 @@ ARCHITECTURES: dict[str, str] = {
     "PhimoeForCausalLM": "phimoe",
     "Ernie4_5_MoeForCausalLM": "ernie4_5_moe",
 }
+
+# Hub spellings of a class that transformers knows by another name (the checkpoint's model_type
+# selects transformers' own class): microsoft/Phi-3.5-MoE-instruct's config.json says PhiMoE.
+ALIASES: dict[str, str] = {
+    "PhiMoEForCausalLM": "PhimoeForCausalLM",
+}
+
+
+def canonical(architecture: str) -> str:
+    return ALIASES.get(architecture, architecture)
+
 
 # Architectures whose checkpoints hold more than a decoder: the module that builds the rest (its
 # package(raw, folder, checkpoint, config, target) returns the other models, or None).

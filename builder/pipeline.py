@@ -94,7 +94,7 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     graph; reads no weight."""
     inp = read_input(folder)
     raw = inp.config
-    names = raw.get("architectures") or []
+    names = [architectures.canonical(n) for n in raw.get("architectures") or []]
     if not names:
         raise BuildError(f"{folder / 'config.json'} names no architecture (the 'architectures' key)")
     if raw.get("auto_map") and names[0] not in architectures.ARCHITECTURES:

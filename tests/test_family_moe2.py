@@ -135,3 +135,20 @@ def test_sparsemixer_matches_transformers():
     assert np.array_equal(got_index.reshape(-1, 2), want_index.numpy())
     np.testing.assert_allclose(got_weight.reshape(-1, 2), want_weight.numpy(), rtol=1e-6)
     assert 0.05 < (want_weight.numpy() < 0.999).mean() < 0.95  # both lone and shared choices occur
+
+
+def test_the_hubs_phimoe_spelling_builds_the_same_model(tmp_path):
+    # microsoft/Phi-3.5-MoE-instruct's config.json names PhiMoEForCausalLM (with auto_map for its
+    # old remote code); transformers loads it as PhimoeForCausalLM by model_type, and so do we.
+    import json
+    import shutil
+
+    source = make(tmp_path / "src", "phimoe")
+    hub = tmp_path / "hub"
+    shutil.copytree(source, hub)
+    config = json.loads((hub / "config.json").read_text())
+    config.update(architectures=["PhiMoEForCausalLM"], auto_map={"AutoModelForCausalLM": "modeling_phimoe.PhiMoEForCausalLM"})
+    (hub / "config.json").write_text(json.dumps(config))
+    a, b = build(source, tmp_path / "a", "-p", "fp32"), build(hub, tmp_path / "b", "-p", "fp32")
+    assert (a / "model.onnx.data").read_bytes() == (b / "model.onnx.data").read_bytes()
+    assert (a / "model.onnx").read_bytes() == (b / "model.onnx").read_bytes()
