@@ -29,13 +29,19 @@ def widen_bf16(bits, out):
         flat_out[j] = np.uint32(flat_in[j]) << np.uint32(16)
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, error_model="numpy")
 def block_params(w, block_size, bits, symmetric, scales, zps):
-    """Round-to-nearest scale (float32, before the cast to the stored dtype) and zero point per block."""
+    """Round-to-nearest scale (float32, before the cast to the stored dtype) and zero point per block.
+    A row's blocks first get their min, max and first element, then their parameters in one loop
+    across blocks, with selects where the numpy path has np.where (so it vectorizes; numpy's error
+    model lets a 0/0 that a select then drops pass without a check)."""
     n, k = w.shape
     k_blocks = scales.shape[1]
     top = np.float32((1 << bits) - 1)
     mid = np.float32(1 << (bits - 1))
+    los = np.empty(k_blocks, np.float32)
+    his = np.empty(k_blocks, np.float32)
+    firsts = np.empty(k_blocks, np.float32)
     for i in range(n):
         row = w[i]
         for b in range(k_blocks):
@@ -49,28 +55,31 @@ def block_params(w, block_size, bits, symmetric, scales, zps):
             if x.size < block_size:  # the zero padding past K
                 lo = min(lo, F0)
                 hi = max(hi, F0)
-            if symmetric:
+            los[b] = lo
+            his[b] = hi
+            firsts[b] = x[0]
+        row_scales = scales[i]
+        row_zps = zps[i]
+        if symmetric:
+            for b in range(k_blocks):
+                lo, hi = los[b], his[b]
                 m = hi if abs(hi) > abs(lo) else lo
-                if m == F0:  # a block of ±0: its first element's sign, as ONNX Runtime's min/max keep it
-                    m = x[0]
-                scales[i, b] = -m / mid
-                zps[i, b] = mid
-            else:
+                # A block of ±0: its first element's sign, as ONNX Runtime's min/max keep it.
+                m = firsts[b] if m == F0 else m
+                row_scales[b] = -m / mid
+                row_zps[b] = mid
+        else:
+            for b in range(k_blocks):
                 # Which of equal zeros min/max return cannot matter here: hi − lo and −lo / s are
                 # the same for ±0 (an all-zero block's hi and lo are the same element: s = +0).
-                lo = min(lo, F0)
-                hi = max(hi, F0)
+                lo = min(los[b], F0)
+                hi = max(his[b], F0)
                 s = (hi - lo) / top
                 zp = F0 - lo / s if s != F0 else lo
-                if zp < F0:
-                    zp = F0
-                elif zp > top:
-                    zp = top
-                else:  # roundf: halves away from zero
-                    t = np.trunc(zp)
-                    zp = t + F1 if zp - t >= HALF else t
-                scales[i, b] = s
-                zps[i, b] = zp
+                t = np.trunc(zp)
+                rounded = t + F1 if zp - t >= HALF else t  # roundf: halves away from zero
+                row_scales[b] = s
+                row_zps[b] = F0 if zp < F0 else (top if zp > top else rounded)
 
 
 @njit(nogil=True, cache=True)
@@ -134,21 +143,32 @@ def search(w, block_size, bits, symmetric, factors, scales, zps):
     best_err = np.empty(TILE, np.float32)
     best_s = np.empty(TILE, np.float32)
     best_z = np.empty(TILE, np.float32)
+    rows = np.empty(TILE, np.int64)
+    cols = np.empty(TILE, np.int64)
     for first in range(0, total, TILE):
-        # Load TILE blocks transposed; past the last block, all-zero blocks whose results are dropped.
-        x[:] = F0
+        # Load TILE blocks transposed; past the last block, all-zero blocks whose results are
+        # dropped. (Row and block advance by counting: an integer division per block cost more
+        # than a candidate's whole evaluation.)
+        i, c = first // k_blocks, first % k_blocks
         for t in range(TILE):
-            g = first + t
+            rows[t] = i
+            cols[t] = c
+            size = 0
             scale0[t] = F0
             zp0[t] = F0
-            if g < total:
-                i, b = g // k_blocks, g % k_blocks
-                start = b * block_size
+            if i < n:
+                start = c * block_size
                 v = w[i, start:min(start + block_size, k)]
-                for j in range(v.size):
+                size = v.size
+                for j in range(size):
                     x[j, t] = v[j]
-                scale0[t] = scales[i, b]
-                zp0[t] = zps[i, b]
+                scale0[t] = scales[i, c]
+                zp0[t] = zps[i, c]
+                c += 1
+                if c == k_blocks:
+                    i, c = i + 1, 0
+            for j in range(size, block_size):
+                x[j, t] = F0
         # The block's RMS by quantize._block_sum's halving order (the first level fused in).
         for j in range(half):
             for t in range(TILE):
@@ -197,10 +217,9 @@ def search(w, block_size, bits, symmetric, factors, scales, zps):
                     best_s[t] = sum_xl / sum_ll if sum_ll > F0 else s[t]
                     best_z[t] = z[t]
         for t in range(TILE):
-            g = first + t
-            if g < total:
-                scales[g // k_blocks, g % k_blocks] = best_s[t]
-                zps[g // k_blocks, g % k_blocks] = best_z[t]
+            if rows[t] < n:
+                scales[rows[t], cols[t]] = best_s[t]
+                zps[rows[t], cols[t]] = best_z[t]
 
 
 @njit(nogil=True, cache=True)
