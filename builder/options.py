@@ -44,8 +44,9 @@ QUANTIZATION_DEFAULTS: dict[str, Any] = {
 }
 # The defaults that depend on the precision. Round-to-nearest, symmetric, for both: the scale
 # search (--quant-method search --asymmetric) halves int4's perplexity increase on SmolLM2-135M
-# (docs/BENCHMARKS.md) but costs 6× RTN's quantization time in numpy, which would make the default
-# build several times slower; it becomes int4's default once a compiled kernel makes it fast.
+# (docs/BENCHMARKS.md), but even with the compiled kernel a build with it takes about 1.9× RTN's
+# CPU time (not yet within 2× the I/O floor), and gpt-oss's QMoE experts refuse zero points, so
+# an asymmetric default would fail those builds unless they fell back to symmetric.
 PRECISION_DEFAULTS: dict[str, dict[str, Any]] = {
     "int4": {"quant_method": "rtn", "symmetric": True},
     "int8": {"quant_method": "rtn", "symmetric": True},

@@ -70,5 +70,14 @@ def test_kernel_reads_bf16_fp16_chunk_by_chunk(monkeypatch, method):
 
 def test_kernel_releases_the_gil():
     kernel = quantize_module._kernel()
-    for fn in (kernel.block_params, kernel.encode, kernel.search):
+    for fn in (kernel.widen_bf16, kernel.block_params, kernel.encode, kernel.search):
         assert fn.targetoptions["nogil"], fn
+
+
+def test_kernel_widens_every_bf16_as_ml_dtypes_does():
+    import ml_dtypes
+
+    bits = np.arange(1 << 16, dtype=np.uint16).reshape(256, 256)  # every bfloat16, NaNs and ±0 included
+    out = np.empty(bits.shape, np.float32)
+    quantize_module._kernel().widen_bf16(bits, out)
+    np.testing.assert_array_equal(out.view(np.uint32), bits.view(ml_dtypes.bfloat16).astype(np.float32).view(np.uint32))
