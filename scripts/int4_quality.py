@@ -19,6 +19,7 @@ weights were already 4-bit (Q4_1, blocks of 32 along K with a float offset) befo
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -108,7 +109,11 @@ class Onnx:
         options = ort.SessionOptions()
         options.intra_op_num_threads = os.cpu_count() or 1
         self.session = ort.InferenceSession(str(folder / "model.onnx"), options, providers=["CPUExecutionProvider"])
-        self.past = {i.name: i.shape for i in self.session.get_inputs() if i.name.startswith("past_key_values")}
+        # onnxruntime-genai's builder names the KV dims symbolically: take them from its genai_config.
+        decoder = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]
+        kv = (decoder["num_key_value_heads"], decoder["head_size"])
+        self.past = {i.name: (None, kv[0], None, kv[1]) for i in self.session.get_inputs()
+                     if i.name.startswith("past_key_values")}
         self.size = (folder / "model.onnx.data").stat().st_size
 
     def logits(self, ids: np.ndarray) -> np.ndarray:
