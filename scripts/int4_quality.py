@@ -42,7 +42,7 @@ VARIANTS = {
     "mixed-search-asym": ["--mixed", "--quant-method", "search", "--asymmetric"],
     "int8": ["-p", "int8", "--quant-method", "rtn", "--symmetric"],
 }
-GENAI = {"genai-int4": [], "genai-k_quant": ["--extra_options", "int4_algo_config=k_quant"]}
+GENAI = {"genai-int4": [], "genai-k_quant": ["--extra_options", "algo_config=k_quant"]}
 
 
 def gguf_file(work: Path) -> Path:
