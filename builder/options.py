@@ -48,7 +48,7 @@ QUANTIZATION_DEFAULTS: dict[str, Any] = {
 # CPU time (not yet within 2× the I/O floor), and gpt-oss's QMoE experts refuse zero points, so
 # an asymmetric default would fail those builds unless they fell back to symmetric.
 PRECISION_DEFAULTS: dict[str, dict[str, Any]] = {
-    "int4": {"quant_method": "rtn", "symmetric": True},
+    "int4": {"quant_method": "search", "symmetric": False},
     "int8": {"quant_method": "rtn", "symmetric": True},
 }
 QUANT_METHODS = ("rtn", "search")
@@ -101,7 +101,7 @@ class BuildOptions:
     overwrite: bool = option(False, bool, "replace an existing non-empty output folder")
     bits: int | None = option(None, int, "quantized weight bits (4 or 8); the same as -p int4 / int8", (4, 8))
     block_size: int | None = option(None, int, "int4/int8: elements of K per scale (default 32)", BLOCK_SIZES)
-    symmetric: bool | None = option(None, bool, "int4/int8: per-block zero points (default: symmetric, none)",
+    symmetric: bool | None = option(None, bool, "int4/int8: per-block zero points (default: int4 asymmetric, int8 symmetric)",
                              flag="--asymmetric", flag_value=False)
     accuracy_level: int | None = option(None, int, "int4/int8: MatMulNBits accuracy_level (default 4 on cpu, 0 on cuda)",
                                         ACCURACY_LEVELS)
@@ -112,7 +112,7 @@ class BuildOptions:
                                             "(repeatable)")
     quant_method: str | None = option(None, str, "int4/int8: how each block's scale is chosen: rtn (round to "
                                       "nearest, bit-exact with ONNX Runtime's quantizer) or search (least squared "
-                                      "error among candidate scales; with --asymmetric, int4's best) (default: rtn)",
+                                      "error among candidate scales; with --asymmetric, int4's best) (default: int4 search, int8 rtn)",
                                       QUANT_METHODS)
     int8_layers: list[str] | None = option(None, list, "int4: layers quantized to 8 bits instead, fnmatch patterns "
                                            "like --float-layers ('lm_head', '*.down_proj') (repeatable)")

@@ -79,7 +79,7 @@ def test_stacked_experts_match_transformers(ernie, tmp_path):
 
 
 def test_int4_matches_fake_quantized_transformers(ernie, tmp_path):
-    out = build(ernie, tmp_path / "out", "-p", "int4", "--accuracy-level", "0")
+    out = build(ernie, tmp_path / "out", "-p", "int4", "--accuracy-level", "0", "--quant-method", "rtn", "--symmetric")
     model = transformers.AutoModelForCausalLM.from_pretrained(ernie, dtype=torch.float32).eval()
     fake_quantize_experts(model)  # every nn.Linear and the stacked experts; the router is no Linear: float
     ref_prefill, ref_step, next_id = model_logits(model, PROMPT)

@@ -64,7 +64,7 @@ def fake_quantize_experts(model, bits=4, block_size=32):
 
 
 def test_int4_matches_fake_quantized_transformers(source, tmp_path):
-    out = build(source, tmp_path / "out", "-p", "int4", "--accuracy-level", "0")
+    out = build(source, tmp_path / "out", "-p", "int4", "--accuracy-level", "0", "--quant-method", "rtn", "--symmetric")
     model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
     fake_quantize_model(model)  # q, k, v, o and lm_head; the router is no nn.Linear and stays float
     fake_quantize_experts(model)
@@ -138,7 +138,7 @@ def test_mxfp4_fp32_matches_transformers_on_dequantized_weights(mxfp4_pair, tmp_
 
 def test_mxfp4_int4_matches_fake_quantized_dequantized_weights(mxfp4_pair, tmp_path):
     packed, exact = mxfp4_pair
-    out = build(packed, tmp_path / "out", "-p", "int4", "--accuracy-level", "0")
+    out = build(packed, tmp_path / "out", "-p", "int4", "--accuracy-level", "0", "--quant-method", "rtn", "--symmetric")
     model = transformers.AutoModelForCausalLM.from_pretrained(exact, dtype=torch.float32).eval()
     fake_quantize_model(model)
     fake_quantize_experts(model)
@@ -200,3 +200,20 @@ def test_only_gpt_oss_reads_a_prequantized_checkpoint(source, tmp_path):
     for accepted in ((), ("awq",)):
         with pytest.raises(BuildError, match="mxfp4"):
             check_not_prequantized(raw, tmp_path, accepted)
+
+
+def test_default_int4_keeps_the_experts_symmetric(source, tmp_path, capsys):
+    # int4's default has zero points; gpt-oss's QMoE experts are proved without them only, so they
+    # stay symmetric, said in one warning, and the rest of the model takes the default.
+    import onnx
+
+    from builder.cli import main
+
+    out = tmp_path / "out"
+    assert main(["-m", str(source), "-o", str(out), "-p", "int4", "--accuracy-level", "0"]) == 0
+    assert "gpt-oss experts are quantized symmetric" in capsys.readouterr().err
+    graph = onnx.load(out / "model.onnx", load_external_data=False).graph
+    qmoe = [n for n in graph.node if n.op_type == "QMoE"]
+    linears = [n for n in graph.node if n.op_type == "MatMulNBits"]
+    assert qmoe and all(len(n.input) < 12 or not n.input[11] for n in qmoe)  # no expert zero points
+    assert linears and all(len(n.input) > 3 and n.input[3] for n in linears)  # attention: zero points

@@ -111,7 +111,7 @@ def assert_rounded_parity(out, source, rounding, min_cosine=0.999, bound=1e-4):
 
 
 def test_int4_matches_fake_quantized_transformers(variant, tmp_path):
-    out = build(variant, tmp_path / "out", "-p", "int4", "--accuracy-level", "0")
+    out = build(variant, tmp_path / "out", "-p", "int4", "--accuracy-level", "0", "--quant-method", "rtn", "--symmetric")
     assert_rounded_parity(out, variant, fake_quantize_experts)
 
 

@@ -65,7 +65,7 @@ def test_fp32_matches_transformers(variant, tmp_path):
 
 
 def test_int4_matches_fake_quantized_transformers(variant, tmp_path):
-    out = build(variant, tmp_path / "out", "-p", "int4", "--accuracy-level", "0")
+    out = build(variant, tmp_path / "out", "-p", "int4", "--accuracy-level", "0", "--quant-method", "rtn", "--symmetric")
     model = transformers.AutoModelForCausalLM.from_pretrained(variant, dtype=torch.float32).eval()
     routers = {n: m.weight.clone() for n, m in model.named_modules() if type(m).__name__.endswith("TopKRouter")}
     fake_quantize_experts(model)  # quantizes every nn.Linear: Phi-MoE's router is one, and stays float

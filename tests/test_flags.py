@@ -194,8 +194,9 @@ def test_float_build_record_rebuilds_and_quantized_defaults_resolve(src, tmp_pat
     assert rc == 0, err
     assert (tmp_path / "a" / "model.onnx.data").read_bytes() == (tmp_path / "b" / "model.onnx.data").read_bytes()
     q = BuildOptions(model="x").target().quantization
-    assert (q.block_size, q.symmetric, q.lm_head, q.embeddings, q.float_layers) == (32, True, True, False, ())
-    assert q.method == "rtn" and BuildOptions(model="x", precision="int8").target().quantization.method == "rtn"
+    assert (q.block_size, q.symmetric, q.lm_head, q.embeddings, q.float_layers) == (32, False, True, False, ())
+    int8 = BuildOptions(model="x", precision="int8").target().quantization
+    assert q.method == "search" and (int8.method, int8.symmetric) == ("rtn", True)
 
 
 # checkpoint checks

@@ -247,7 +247,7 @@ def test_int4_decoder_matches_fake_quantized_transformers(source, image, tmp_pat
     # Runtime's quantizer.
     from fake_quant import cosine, fake_quantize
 
-    out = build(source, tmp_path / "int4", "-p", "int4", "--accuracy-level", "0")
+    out = build(source, tmp_path / "int4", "-p", "int4", "--accuracy-level", "0", "--quant-method", "rtn", "--symmetric")
     _, inputs = genai_inputs(out, image, "<start_of_image> int4")
     ids, pixels = inputs["input_ids"].as_numpy()[0].tolist(), inputs["pixel_values"].as_numpy()
     model = transformers_model(source)
