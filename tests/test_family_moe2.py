@@ -7,10 +7,9 @@ import pytest
 import torch
 import transformers
 from conftest import TINY
-from fake_quant import cosine
-from helpers import GENAI_PROMPT, OnnxDecoder, PROMPT, assert_parity, build, make_checkpoint, model_logits, relative_error
+from helpers import GENAI_PROMPT, PROMPT, assert_parity, build, make_checkpoint
 from safetensors.numpy import load_file, save_file
-from test_family_moe import fake_quantize_experts, router_logits
+from test_family_moe import assert_rounded_parity, fake_quantize_experts, router_logits
 from test_genai import assert_same_greedy
 
 import architectures
@@ -64,18 +63,19 @@ def test_fp32_matches_transformers(variant, tmp_path):
     assert_parity(build(variant, tmp_path / "out", "-p", "fp32"), variant, tolerance=1e-4)
 
 
-def test_int4_matches_fake_quantized_transformers(variant, tmp_path):
-    out = build(variant, tmp_path / "out", "-p", "int4", "--accuracy-level", "0", "--quant-method", "rtn", "--symmetric")
-    model = transformers.AutoModelForCausalLM.from_pretrained(variant, dtype=torch.float32).eval()
-    routers = {n: m.weight.clone() for n, m in model.named_modules() if type(m).__name__.endswith("TopKRouter")}
-    fake_quantize_experts(model)  # quantizes every nn.Linear: Phi-MoE's router is one, and stays float
-    with torch.no_grad():
-        for name, weight in routers.items():
-            model.get_submodule(name).weight.copy_(weight)
-    ref_prefill, ref_step, next_id = model_logits(model, PROMPT)
-    got = OnnxDecoder(out).prefill_and_step(PROMPT, next_id)
-    for g, want in zip(got, (ref_prefill, ref_step)):
-        assert cosine(g, want) > 0.999 and relative_error(g, want) < 1e-4
+@pytest.mark.parametrize("method, symmetric", [("rtn", True), ("search", False)], ids=["rtn", "default"])
+def test_int4_matches_fake_quantized_transformers(variant, tmp_path, method, symmetric):
+    flags = ("--quant-method", "rtn", "--symmetric") if method == "rtn" else ()  # the default: no flags
+    out = build(variant, tmp_path / "out", "-p", "int4", "--accuracy-level", "0", *flags)
+
+    def rounding(model):  # quantizes every nn.Linear: Phi-MoE's router is one, and stays float
+        routers = {n: m.weight.clone() for n, m in model.named_modules() if type(m).__name__.endswith("TopKRouter")}
+        fake_quantize_experts(model, symmetric=symmetric, method=method)
+        with torch.no_grad():
+            for name, weight in routers.items():
+                model.get_submodule(name).weight.copy_(weight)
+
+    assert_rounded_parity(out, variant, rounding)
 
 
 def test_genai_greedy_matches_transformers(variant, tmp_path):
