@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -87,9 +88,12 @@ def windows(folder: Path, text: Path, size: int) -> list[np.ndarray]:
     return [np.array(ids[i:i + size]) for i in range(0, len(ids) - size + 1, size)]
 
 
-def build(folder: Path, out: Path, flags: list[str], genai: bool = False) -> tuple[Path, float]:
-    if (out / "model.onnx").is_file():
+def build(folder: Path, out: Path, flags: list[str], genai: bool = False, reuse: bool = False) -> tuple[Path, float]:
+    """Builds `out` afresh (a build left by an earlier version of builder would report its numbers),
+    unless `reuse` and it exists."""
+    if reuse and (out / "model.onnx").is_file():
         return out, float("nan")
+    shutil.rmtree(out, ignore_errors=True)
     start = time.perf_counter()
     if genai:
         cmd = [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(folder), "-o", str(out),
@@ -136,6 +140,7 @@ def main() -> None:
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--accuracy-levels", nargs="+", type=int, default=[4, 0])
     p.add_argument("--genai", action="store_true", help="also onnxruntime-genai's builder: int4 default and k_quant")
+    p.add_argument("--reuse-builds", action="store_true", help="score the models under --work/onnx as they are")
     args = p.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
     import torch
@@ -149,11 +154,11 @@ def main() -> None:
     for name in args.variants:
         for level in args.accuracy_levels:
             out, seconds = build(folder, args.work / "onnx" / f"{name}-acc{level}",
-                                 [*VARIANTS[name], "--accuracy-level", str(level)])
+                                 [*VARIANTS[name], "--accuracy-level", str(level)], reuse=args.reuse_builds)
             models[f"{name} acc{level}"], build_s[f"{name} acc{level}"] = Onnx(out), seconds
     if args.genai:
         for name, flags in GENAI.items():
-            out, seconds = build(folder, args.work / "onnx" / name, flags, genai=True)
+            out, seconds = build(folder, args.work / "onnx" / name, flags, genai=True, reuse=args.reuse_builds)
             models[name], build_s[name] = Onnx(out), seconds
     reference = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     nll = {name: 0.0 for name in ["fp32", *models]}
