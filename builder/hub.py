@@ -21,8 +21,9 @@ TOKENIZER_FILES = (
     "chat_template.json",
 )
 # Only what a build reads: never pickled *.bin weights, never other formats' duplicates.
+# preprocessor_config.json: an image-and-text model's image preprocessing (builder/image_processor.py).
 ALLOW_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
-                  *TOKENIZER_FILES]
+                  "preprocessor_config.json", *TOKENIZER_FILES]
 
 
 ADAPTER_PATTERNS = ["adapter_config.json", "adapter_model.safetensors"]

@@ -331,3 +331,16 @@ def test_verify_feeds_the_decoder_through_the_embedding_model(source, tmp_path, 
     assert main(["-m", str(source), "-o", str(tmp_path / "out"), "-p", "fp32", "--verify"]) == 0
     verdict = [line for line in capsys.readouterr().err.splitlines() if line.startswith("verify:")]
     assert verdict and verdict[0].endswith("PASS") and "cosine 1.000000" in verdict[0]
+
+
+def test_a_hub_download_fetches_every_file_the_package_reads(source):
+    # A hub model is fetched with hub.ALLOW_PATTERNS: the image preprocessing must come along, or
+    # the processor file would silently fall back to transformers' defaults.
+    from fnmatch import fnmatch
+
+    from builder.hub import ALLOW_PATTERNS
+
+    read = ["config.json", "generation_config.json", "model.safetensors", "preprocessor_config.json",
+            "tokenizer.json", "tokenizer_config.json"]
+    assert all((source / name).is_file() for name in read)
+    assert [name for name in read if not any(fnmatch(name, p) for p in ALLOW_PATTERNS)] == []
