@@ -102,10 +102,11 @@ def rope_parameters_by_layer_type(
 
 
 def text_config(raw: dict[str, Any], key: str) -> dict[str, Any]:
-    """A multimodal config.json's text decoder settings (`raw[key]`), with the token ids that only
-    the outer config gives."""
+    """A multimodal config.json's text decoder settings (`raw[key]`), with the outer config's token
+    ids where it sets them: transformers' GenerationConfig.from_model_config takes the outer ones
+    first and the text config's only where the outer config has none."""
     text = dict(raw.get(key) or {})
     for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        if name not in text and name in raw:
+        if raw.get(name) is not None:
             text[name] = raw[name]
     return text

@@ -344,3 +344,18 @@ def test_a_hub_download_fetches_every_file_the_package_reads(source):
             "tokenizer.json", "tokenizer_config.json"]
     assert all((source / name).is_file() for name in read)
     assert [name for name in read if not any(fnmatch(name, p) for p in ALLOW_PATTERNS)] == []
+
+
+def test_token_ids_follow_transformers_without_a_generation_config(source, tmp_path):
+    # The outer config's eos (259) comes before text_config's (255), as in transformers'
+    # GenerationConfig.from_model_config; the hub's folders also ship generation_config.json.
+    import shutil
+
+    folder = tmp_path / "src"
+    shutil.copytree(source, folder)
+    (folder / "generation_config.json").unlink()
+    raw = json.loads((folder / "config.json").read_text())
+    assert raw["eos_token_id"] != raw["text_config"]["eos_token_id"]
+    expected = transformers.GenerationConfig.from_model_config(transformers.Gemma3Config(**raw)).eos_token_id
+    out = build(folder, tmp_path / "out", "-p", "fp32", "--text-only")
+    assert json.loads((out / "genai_config.json").read_text())["model"]["eos_token_id"] == expected == 259
