@@ -42,6 +42,13 @@ VARIANTS = {
     "mixed-rtn": ["--mixed", "--quant-method", "rtn", "--symmetric"],
     "mixed-search-asym": ["--mixed", "--quant-method", "search", "--asymmetric"],
     "int8": ["-p", "int8", "--quant-method", "rtn", "--symmetric"],
+    # The mixed preset with more 8-bit layers (for choosing the preset; none is the default).
+    "mixed-o": ["--mixed", "--int8-layers", "*.o_proj", "--quant-method", "search", "--asymmetric"],
+    "mixed-down": ["--mixed", "--int8-layers", "*.down_proj", "--quant-method", "search", "--asymmetric"],
+    "mixed-vk": ["--mixed", "--int8-layers", "*.v_proj", "--int8-layers", "*.k_proj", "--quant-method", "search",
+                 "--asymmetric"],
+    "mixed-vd": ["--mixed", "--int8-layers", "*.v_proj", "--int8-layers", "*.down_proj", "--quant-method", "search",
+                 "--asymmetric"],
 }
 GENAI = {"genai-int4": [], "genai-k_quant": ["--extra_options", "algo_config=k_quant"]}
 
@@ -137,7 +144,8 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=Path("/tmp/int4_quality"), help="downloads, HF folder, builds")
     p.add_argument("--text", type=Path, default=Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt")
     p.add_argument("--window", type=int, default=1000)
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--variants", nargs="+", default=[v for v in VARIANTS if not v.startswith("mixed-") or
+                                                      v in ("mixed-rtn", "mixed-search-asym")], choices=list(VARIANTS))
     p.add_argument("--accuracy-levels", nargs="+", type=int, default=[4, 0])
     p.add_argument("--genai", action="store_true", help="also onnxruntime-genai's builder: int4 default and k_quant")
     p.add_argument("--reuse-builds", action="store_true", help="score the models under --work/onnx as they are")
