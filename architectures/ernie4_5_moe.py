@@ -19,9 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from builder.architecture import Weights, attention_weights, decoder_layers, vocabulary
-from builder.blocks import (AttentionSpec, ResidualStream, Rope, gated_mlp, linear, rotary_tables, self_attention,
-                            sequence_lengths)
+from builder.architecture import Weights, attention_weights, rms_norm_decoder
+from builder.blocks import (AttentionSpec, ResidualStream, Rope, gated_mlp, linear, rotary_tables, self_attention)
 from builder.blocks.moe import routed_experts, unstacked
 from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
@@ -160,15 +159,8 @@ def decoder_layer(g: Graph, stream: ResidualStream, w: Weights, c: Ernie4_5_MoeC
 def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: Ernie4_5_MoeConfig, target: Target):
     rope = Rope.from_parameters(c.rope_parameters, c.head_dim, c.max_position_embeddings)
     rotary = rotary_tables(g, rope, c.max_position_embeddings, target)
-    lengths = sequence_lengths(g, io.attention_mask)
-    vocab = vocabulary(g, ckpt, target, (c.vocab_size, c.hidden_size), c.tie_word_embeddings)
-    stream = ResidualStream(g, vocab.embed(g, io.input_ids), c.rms_norm_eps, target)
-    presents = decoder_layers(g, ckpt, c.num_hidden_layers,
-                              lambda i, w: decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
-    with g.scope("model", "norm"):
-        h = stream.norm(ckpt.weight("model.norm.weight", (c.hidden_size,)))
     bias = ckpt.weight("lm_head.bias", (c.vocab_size,)) if c.use_bias else None  # nn.Linear(bias=use_bias)
-    return vocab.logits(g, h, bias=bias), presents
+    return rms_norm_decoder(g, io, ckpt, c, target, decoder_layer, rotary, bias)
 
 
 __all__ = ["IGNORED", "STRUCTURE", "VARIANTS", "Ernie4_5_MoeConfig", "build", "decoder_layer", "parse_config"]

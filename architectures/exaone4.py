@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.architecture import Weights, attention_weights, decoder_layers, vocabulary
+from builder.architecture import Weights, attention_weights, rms_norm_decoder
 from builder.blocks import (
     AttentionSpec,
     ResidualStream,
@@ -20,7 +20,6 @@ from builder.blocks import (
     gated_mlp,
     rotary_tables,
     self_attention,
-    sequence_lengths,
 )
 from builder.checkpoint import Checkpoint
 from builder.graph import Graph
@@ -118,14 +117,7 @@ def decoder_layer(g: Graph, stream: ResidualStream, w: Weights, c: Exaone4Config
 def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: Exaone4Config, target: Target):
     rope = Rope.from_parameters(c.rope_parameters, c.head_dim, c.max_position_embeddings)
     rotary = rotary_tables(g, rope, c.max_position_embeddings, target)
-    lengths = sequence_lengths(g, io.attention_mask)
-    vocab = vocabulary(g, ckpt, target, (c.vocab_size, c.hidden_size), c.tie_word_embeddings)
-    stream = ResidualStream(g, vocab.embed(g, io.input_ids), c.rms_norm_eps, target)
-    presents = decoder_layers(g, ckpt, c.num_hidden_layers,
-                              lambda i, w: decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
-    with g.scope("model", "norm"):
-        h = stream.norm(ckpt.weight("model.norm.weight", (c.hidden_size,)))
-    return vocab.logits(g, h), presents
+    return rms_norm_decoder(g, io, ckpt, c, target, decoder_layer, rotary)
 
 
 __all__ = ["IGNORED", "STRUCTURE", "VARIANTS", "Exaone4Config", "build", "decoder_layer", "parse_config"]

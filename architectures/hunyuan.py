@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from builder.architecture import Weights, attention_weights, decoder_layers, vocabulary
+from builder.architecture import Weights, attention_weights, rms_norm_decoder
 from builder.blocks import (
     AttentionSpec,
     ResidualStream,
@@ -25,7 +25,6 @@ from builder.blocks import (
     gated_mlp,
     rotary_tables,
     self_attention,
-    sequence_lengths,
 )
 from builder.blocks.rope import default_inv_freq
 from builder.checkpoint import Checkpoint
@@ -116,14 +115,7 @@ def decoder_layer(g: Graph, stream: ResidualStream, w: Weights, c: HunYuanDenseC
 
 def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: HunYuanDenseConfig, target: Target):
     rotary = rotary_tables(g, c.rope(), c.max_position_embeddings, target, explicit=True)
-    lengths = sequence_lengths(g, io.attention_mask)
-    vocab = vocabulary(g, ckpt, target, (c.vocab_size, c.hidden_size), c.tie_word_embeddings)
-    stream = ResidualStream(g, vocab.embed(g, io.input_ids), c.rms_norm_eps, target)
-    presents = decoder_layers(g, ckpt, c.num_hidden_layers,
-                              lambda i, w: decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
-    with g.scope("model", "norm"):
-        h = stream.norm(ckpt.weight("model.norm.weight", (c.hidden_size,)))
-    return vocab.logits(g, h), presents
+    return rms_norm_decoder(g, io, ckpt, c, target, decoder_layer, rotary)
 
 
 __all__ = ["IGNORED", "VARIANTS", "HunYuanDenseConfig", "build", "decoder_layer", "parse_config"]

@@ -9,7 +9,8 @@ from typing import Any, Protocol
 
 import onnx_ir as ir
 
-from builder.blocks.attention import AttentionWeights
+from builder.blocks.attention import AttentionWeights, sequence_lengths
+from builder.blocks.residual import ResidualStream
 from builder.blocks.vocabulary import Vocabulary
 from builder.checkpoint import Checkpoint
 from builder.graph import Graph
@@ -103,6 +104,22 @@ def decoder_layers(
         with g.scope("model", f"layers.{i}"):
             presents.append(layer(i, weights(ckpt, f"{prefix}layers.{i}.")))
     return presents
+
+
+def rms_norm_decoder(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: Any, target: Target, layer: Callable,
+                     rotary: Any, logits_bias: Weight | None = None):
+    """The body most families share, after their rotary tables: token embeddings into an RMSNorm
+    residual stream, `c.num_hidden_layers` layers, `model.norm`, lm_head (with `logits_bias`).
+    `layer(g, stream, w, c, i, past, lengths, rotary, target)` records layer i and returns its
+    present (key, value), as the families' decoder_layer functions do. Returns (logits, presents)."""
+    lengths = sequence_lengths(g, io.attention_mask)
+    vocab = vocabulary(g, ckpt, target, (c.vocab_size, c.hidden_size), c.tie_word_embeddings)
+    stream = ResidualStream(g, vocab.embed(g, io.input_ids), c.rms_norm_eps, target)
+    presents = decoder_layers(g, ckpt, c.num_hidden_layers,
+                              lambda i, w: layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
+    with g.scope("model", "norm"):
+        h = stream.norm(ckpt.weight("model.norm.weight", (c.hidden_size,)))
+    return vocab.logits(g, h, bias=logits_bias), presents
 
 
 class Architecture(Protocol):
