@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from builder.checkpoint import Checkpoint, read_header, safetensors_files
+from builder.checkpoint import Checkpoint, read_headers
 from builder.errors import BuildError
 from builder.lazy import BlockArrays, Blocks, Weight
 from builder.mapping import TensorInfo, mapped
@@ -201,12 +201,7 @@ class QuantizedCheckpoint(Checkpoint):
 
     @classmethod
     def open_quantized(cls, folder, fmt: QuantFormat) -> QuantizedCheckpoint:
-        raw: dict[str, TensorInfo] = {}
-        for path in safetensors_files(Path(folder)):
-            for name, info in read_header(path).items():
-                if name in raw:
-                    raise BuildError(f"tensor {name!r} is in both {raw[name].path.name} and {path.name}")
-                raw[name] = info
+        raw = read_headers(folder)
         modules = sorted(name[: -len(".qweight")] for name in raw if name.endswith(".qweight"))
         if not modules:
             raise BuildError(f"{folder}: quantization_config says {fmt.method}, but no tensor is named *.qweight")

@@ -102,6 +102,17 @@ def safetensors_files(folder: Path) -> list[Path]:
     raise BuildError(f"{folder} has no *.safetensors weights")
 
 
+def read_headers(folder: str | os.PathLike) -> dict[str, TensorInfo]:
+    """Every tensor of a folder's safetensors files, by name; a name in two files is refused."""
+    tensors: dict[str, TensorInfo] = {}
+    for path in safetensors_files(Path(folder)):
+        for name, info in read_header(path).items():
+            if name in tensors:
+                raise BuildError(f"tensor {name!r} is in both {tensors[name].path.name} and {path.name}")
+            tensors[name] = info
+    return tensors
+
+
 class Checkpoint:
     """The tensors of a safetensors checkpoint by Hugging Face name, and which of them were used.
 
@@ -117,13 +128,7 @@ class Checkpoint:
 
     @classmethod
     def open(cls, folder: str | os.PathLike) -> Checkpoint:
-        tensors: dict[str, TensorInfo] = {}
-        for path in safetensors_files(Path(folder)):
-            for name, info in read_header(path).items():
-                if name in tensors:
-                    raise BuildError(f"tensor {name!r} is in both {tensors[name].path.name} and {path.name}")
-                tensors[name] = info
-        return cls(tensors)
+        return cls(read_headers(folder))
 
     def __contains__(self, name: str) -> bool:
         return name in self.tensors

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from builder.checkpoint import DTYPES, Checkpoint, read_header, safetensors_files
+from builder.checkpoint import DTYPES, Checkpoint, read_headers
 from builder.errors import BuildError
 from builder.lazy import Weight
 from builder.mapping import TensorInfo, mapped
@@ -156,12 +156,7 @@ class FP8Checkpoint(Checkpoint):
 
     @classmethod
     def open_fp8(cls, folder, fmt: FP8Format) -> FP8Checkpoint:
-        raw: dict[str, TensorInfo] = {}
-        for path in safetensors_files(Path(folder)):
-            for name, info in read_header(path).items():
-                if name in raw:
-                    raise BuildError(f"tensor {name!r} is in both {raw[name].path.name} and {path.name}")
-                raw[name] = info
+        raw = read_headers(folder)
         suffix = f".{fmt.scale}"
         modules = sorted(name[: -len(suffix)] for name in raw if name.endswith(suffix))
         if not modules:
