@@ -65,11 +65,7 @@ def quantized_weight(g: Graph, weight: Weight, q: Quantization, scale_dtype: np.
     shared = SharedResult(compute)
 
     def register(part: str, shape, dtype) -> ir.Value:
-        name = g.scoped_name(part)
-        # The data part maps the source; scales and zero points come out of the same computation.
-        main = part == "data"
-        return g.lazy_initializer(name, shared.tensor(part, shape, dtype, name), weight.sources if main else (),
-                                  by_product=not main)
+        return _register(g, shared, weight, part, shape, dtype)
 
     return QuantizedValues(
         data=register("data", data_shape, np.uint8),
@@ -79,6 +75,15 @@ def quantized_weight(g: Graph, weight: Weight, q: Quantization, scale_dtype: np.
         k=k,
         bits=bits,
     )
+
+
+def _register(g: Graph, shared: SharedResult, weight: Weight, part: str, shape, dtype) -> ir.Value:
+    """One part of a shared quantization result as an initializer: the data part maps (and names)
+    the source; scales, zero points and offsets come out of the same computation."""
+    name = g.scoped_name(part)
+    main = part == "data"
+    return g.lazy_initializer(name, shared.tensor(part, shape, dtype, name), weight.sources if main else (),
+                              by_product=not main)
 
 
 def _stored_blocks(g: Graph, weight: Weight, scale_dtype: np.dtype) -> QuantizedValues:
@@ -102,10 +107,7 @@ def _stored_blocks(g: Graph, weight: Weight, scale_dtype: np.dtype) -> Quantized
     shared = SharedResult(compute)
 
     def register(part: str, shape, dtype) -> ir.Value:
-        name = g.scoped_name(part)
-        main = part == "data"
-        return g.lazy_initializer(name, shared.tensor(part, shape, dtype, name), weight.sources if main else (),
-                                  by_product=not main)
+        return _register(g, shared, weight, part, shape, dtype)
 
     order = None
     if b.input_order is not None:
