@@ -14,6 +14,7 @@ Reference: transformers/models/gpt_oss/modeling_gpt_oss.py. What sets it apart:
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,8 @@ from builder.graph import Graph
 from builder.hf_config import effective_window, from_dict, rope_parameters
 from builder.io import DecoderIO
 from builder.target import Target
+
+log = logging.getLogger("builder")
 
 VARIANTS: dict[str, dict[str, Any]] = {"GptOssForCausalLM": {}}
 
@@ -122,6 +125,9 @@ def decoder_layer(g: Graph, stream: ResidualStream, w: Weights, c: GptOssConfig,
 
 
 def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: GptOssConfig, target: Target):
+    if target.quantization is not None and not target.quantization.symmetric:
+        # ORT's QMoE is proved here for these clamped, interleaved SwiGLU experts without zero points only.
+        log.warning("warning: gpt-oss experts are quantized symmetric (no zero points); the other layers as asked")
     rope = Rope.from_parameters(c.rope_parameters, c.head_dim, c.max_position_embeddings)
     rotary = rotary_tables(g, rope, c.max_position_embeddings, target)
     return rms_norm_decoder(g, io, ckpt, c, target, decoder_layer, rotary)

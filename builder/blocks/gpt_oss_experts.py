@@ -16,7 +16,6 @@ down_proj as [E, I, H] (x @ W), so each expert is transposed when written, one e
 from __future__ import annotations
 
 import dataclasses
-import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,8 +27,6 @@ from builder.graph import Graph
 from builder.blocks.moe import quantized_experts, stacked
 from builder.lazy import Weight
 from builder.target import Target, source_modules
-
-log = logging.getLogger("builder")
 
 # FP4 e2m1 codes 0-15 (sign bit, 2 exponent bits, 1 mantissa bit), as transformers' FP4_VALUES.
 FP4_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
@@ -105,8 +102,7 @@ def gpt_oss_experts(g: Graph, x: ir.Value, w: ExpertWeights, top_k: int, alpha: 
             return g.ms.MoE(x, logits, fc1, fc1_bias, fc2, fc2_bias, **attributes)
         q = target.quantization
         inter = w.fc2[0].shape[1]
-        if not q.symmetric:  # its clamped, interleaved SwiGLU experts are proved without zero points only
-            log.warning("warning: gpt-oss experts are quantized symmetric (no zero points); the other layers as asked")
+        if not q.symmetric:  # proved without zero points only (architectures/gpt_oss.py says so once)
             q = dataclasses.replace(q, symmetric=True)
         if hidden % q.block_size or inter % q.block_size:
             raise BuildError(f"QMoE needs hidden_size ({hidden}) and intermediate_size ({inter}) to be multiples "
