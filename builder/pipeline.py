@@ -16,7 +16,7 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
 
 import architectures
-from builder import gguf_tokenizer, hub, lora, record
+from builder import gguf_checkpoint, gguf_tokenizer, hub, lora, record
 from builder.architecture import DecoderInfo, decoder_info
 from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
@@ -112,7 +112,7 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     if target.context_length:
         info = dataclasses.replace(info, context_length=target.context_length)
     checkpoint, adapter = open_checkpoint(inp, options)
-    blocks = inp.gguf is not None and any(t.kind not in ("F32", "F16", "BF16") for t in inp.gguf_checkpoint.gguf.values())
+    blocks = inp.gguf is not None and any(t.kind not in gguf_checkpoint.FLOAT for t in inp.gguf_checkpoint.gguf.values())
     warn_if_bf16_rounds_stored_scales(inp.quantized is not None or blocks, target)
     packager = None if options.text_only or inp.gguf is not None else architectures.load_package(names[0])
     package = packager.package(raw, folder, checkpoint, config, target) if packager is not None else None
