@@ -19,6 +19,7 @@ import architectures
 from builder import gguf_checkpoint, gguf_tokenizer, hub, lora, record
 from builder.architecture import DecoderInfo, decoder_info
 from builder.checkpoint import Checkpoint
+from builder.digests import hash_inputs
 from builder.errors import BuildError
 from builder.genai_config import genai_config, with_vision, write_genai_files
 from builder.graph import Graph
@@ -38,7 +39,6 @@ from builder.preflight import (
     warn_if_bf16_rounds_stored_scales,
     warn_if_no_tokenizer,
 )
-from builder.record import hash_inputs
 from builder.report import Estimate, combined, estimate
 from builder.units import human
 from builder.version import __version__

@@ -1,10 +1,8 @@
 """build.yaml: the resolved options, the tool's version, the source and the sha256 of every input
-file — enough for `python -m builder --config out/build.yaml --output other` to rebuild it."""
+file (builder/digests.py) — enough for `python -m builder --config out/build.yaml --output other` to rebuild it."""
 
 from __future__ import annotations
 
-import concurrent.futures
-import hashlib
 import re
 from pathlib import Path
 from typing import Any
@@ -14,31 +12,7 @@ import yaml
 from builder.config_file import RECORD_KEY
 from builder.options import BuildOptions
 
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
-
-
-def file_sha256(path: Path) -> str:
-    """The file's sha256; for a Hugging Face cache link to an LFS blob, the blob's name is that hash."""
-    if path.is_symlink():
-        blob = Path(path.resolve()).name
-        if _SHA256.fullmatch(blob):
-            return blob
-    digest = hashlib.sha256()
-    buf = bytearray(8 * 2**20)  # one reused buffer: no fresh pages to fault in per chunk
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(view):
-            digest.update(view[:n])  # releases the GIL: hashing overlaps the weight writer
-    return digest.hexdigest()
-
-
-def hash_inputs(files: list[Path]) -> concurrent.futures.Future:
-    """Hashes `files` on a background thread; the future yields {name: sha256}."""
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sha256")
-    future = pool.submit(lambda: {f.name: file_sha256(f) for f in sorted(files)})
-    pool.shutdown(wait=False)
-    return future
 
 
 def hub_revision(folder: Path) -> str | None:

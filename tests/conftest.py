@@ -14,6 +14,15 @@ TINY = dict(
 )
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory):
+    """builder's cache of input digests (builder/digests.py) in a folder of the test session's own,
+    for builds in this process and in the CLI subprocesses the tests start."""
+    import os
+
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg-cache"))
+
+
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> Path:
     return make_checkpoint(tmp_path_factory.mktemp("tiny-llama"), "LlamaConfig", **TINY)

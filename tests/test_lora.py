@@ -21,7 +21,7 @@ from helpers import (
 from test_genai import assert_same_greedy
 
 from builder.cli import main
-from builder.record import file_sha256
+from builder.digests import file_sha256
 
 peft = pytest.importorskip("peft")
 

@@ -1,0 +1,111 @@
+"""build.yaml's input digests: each local file is read and hashed once per version of it, and a
+changed file is never given its old digest."""
+
+import hashlib
+import os
+import shutil
+
+import pytest
+import yaml
+
+import builder.digests as digests
+from builder.cli import main
+
+
+def sha256(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "builder" / "sha256.json"
+
+
+@pytest.fixture
+def hashed(monkeypatch):
+    """The names of the files read and hashed."""
+    names = []
+    original = digests.file_sha256
+
+    def counting(path):
+        names.append(path.name)
+        return original(path)
+
+    monkeypatch.setattr(digests, "file_sha256", counting)
+    return names
+
+
+def build(source, out):
+    assert main(["-m", str(source), "-o", str(out), "-p", "fp32", "-q"]) == 0
+    return yaml.safe_load((out / "build.yaml").read_text())["record"]["sha256"]
+
+
+def test_a_second_build_reads_no_input_for_its_digests(tiny_llama, tmp_path, cache, hashed):
+    source = tmp_path / "src"
+    shutil.copytree(tiny_llama, source)
+    first = build(source, tmp_path / "a")
+    assert "model.safetensors" in hashed and cache.is_file()
+    assert first["model.safetensors"] == sha256(source / "model.safetensors")
+    hashed.clear()
+    assert build(source, tmp_path / "b") == first
+    assert hashed == []
+
+
+def test_a_rewritten_file_is_hashed_again(tiny_llama, tmp_path, cache, hashed):
+    source = tmp_path / "src"
+    shutil.copytree(tiny_llama, source)
+    build(source, tmp_path / "a")
+    weights = source / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # same size; its mtime set back: only the ctime (and the bytes) differ
+    stat = weights.stat()
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    hashed.clear()
+    assert digests.cached_sha256([weights]) == {}
+    assert digests.hash_inputs([weights]).result() == {"model.safetensors": sha256(weights)}
+    assert hashed == ["model.safetensors"]
+
+
+def test_a_file_changing_while_hashed_is_not_remembered(tmp_path, cache, monkeypatch):
+    f = tmp_path / "weights.bin"
+    f.write_bytes(b"before")
+    original = digests.file_sha256
+
+    def changes_during(path):
+        digest = original(path)
+        path.write_bytes(b"after!")
+        return digest
+
+    monkeypatch.setattr(digests, "file_sha256", changes_during)
+    digests.hash_inputs([f]).result()
+    assert digests.cached_sha256([f]) == {}
+
+
+def test_an_unusable_cache_only_costs_the_hashing(tiny_llama, tmp_path, monkeypatch, hashed):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder would be")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    for out in ("a", "b"):
+        assert build(tiny_llama, tmp_path / out)["model.safetensors"] == sha256(tiny_llama / "model.safetensors")
+    assert hashed.count("model.safetensors") == 2
+
+
+def test_a_corrupt_cache_is_ignored_and_replaced(tmp_path, cache):
+    f = tmp_path / "weights.bin"
+    f.write_bytes(b"x" * 100)
+    cache.parent.mkdir(parents=True)
+    cache.write_text("{not json")
+    assert digests.hash_inputs([f]).result() == {"weights.bin": sha256(f)}
+    assert digests.cached_sha256([f]) == {f: sha256(f)}
+
+
+def test_the_cache_keeps_the_newest_entries(tmp_path, cache, monkeypatch):
+    monkeypatch.setattr(digests, "MAX_ENTRIES", 3)
+    files = []
+    for i in range(5):
+        files.append(tmp_path / f"w{i}.bin")
+        files[-1].write_bytes(bytes([i]) * 10)
+        digests.hash_inputs([files[-1]]).result()
+    assert list(digests.cached_sha256(files)) == files[2:]
