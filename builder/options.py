@@ -117,8 +117,8 @@ class BuildOptions:
     int8_layers: list[str] | None = option(None, list, "int4: layers quantized to 8 bits instead, fnmatch patterns "
                                            "like --float-layers ('lm_head', '*.down_proj') (repeatable)")
     mixed: bool | None = option(None, bool, "int4: the mixed-precision preset after llama.cpp's Q4_K_M: int8 "
-                                "lm_head, embeddings, and v_proj/down_proj of the first and last eighth of the "
-                                "layers and every third between")
+                                "lm_head, embeddings, every o_proj, and v_proj/down_proj of the first and last "
+                                "eighth of the layers and every third between")
     io_dtype: str | None = option(None, str, "int4/int8: activation dtype (default fp32 on cpu, fp16 on cuda)", IO_DTYPES)
     context_length: int | None = option(None, int, "positions the model supports (default: max_position_embeddings)")
     windowed_kv_cache: bool = option(False, bool, "sliding-window layers keep window-long ring-buffer KV "

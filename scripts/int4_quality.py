@@ -47,6 +47,8 @@ VARIANTS = {
     "mixed-down": ["--mixed", "--int8-layers", "*.down_proj", "--quant-method", "search", "--asymmetric"],
     "mixed-vk": ["--mixed", "--int8-layers", "*.v_proj", "--int8-layers", "*.k_proj", "--quant-method", "search",
                  "--asymmetric"],
+    "mixed-ov": ["--mixed", "--int8-layers", "*.o_proj", "--int8-layers", "*.v_proj", "--quant-method", "search",
+                 "--asymmetric"],
     "mixed-vd": ["--mixed", "--int8-layers", "*.v_proj", "--int8-layers", "*.down_proj", "--quant-method", "search",
                  "--asymmetric"],
 }

@@ -60,11 +60,11 @@ def test_search_8_bits_is_no_worse():
     assert mse(w, 8, True, "search") <= mse(w, 8, True, "rtn")
 
 
-def test_mixed_layers_follow_q4_k_m():
+def test_mixed_layers_follow_q4_k_m_plus_o_proj():
     patterns = mixed_int8_layers(32)
     layers = sorted({int(p.split(".")[1]) for p in patterns if p.startswith("*layers.")})
     assert layers == [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]
-    assert "lm_head" in patterns and "*embed_tokens" in patterns
+    assert "lm_head" in patterns and "*embed_tokens" in patterns and "*.o_proj" in patterns
 
 
 @pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
@@ -87,6 +87,7 @@ def test_mixed_preset_puts_int8_where_promised(tmp_path):
     expected = {"/lm_head/MatMulNBits", "/model/embed_tokens/GatherBlockQuantized"}
     for i in (0, 3, 6, 7, 8):
         expected |= {f"/model/layers.{i}/self_attn/qkv_proj/MatMulNBits", f"/model/layers.{i}/mlp/down_proj/MatMulNBits"}
+    expected |= {f"/model/layers.{i}/self_attn/o_proj/MatMulNBits" for i in range(layers)}
     assert eights == expected, sorted(eights ^ expected)
     assert op_histogram(out)["GatherBlockQuantized"] == 1  # the tied lookup reads lm_head's int8 matrix
     assert_quantized_parity(source, out, 4, 32, True, exact=True, method="rtn",
