@@ -108,10 +108,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from builder.pipeline import source_folder
             from builder.verify import verify
 
-            verdict = verify(options, out, source_folder(options), quiet=flags["quiet"])
+            verdicts = verify(options, out, source_folder(options), quiet=flags["quiet"])
             if not flags["quiet"]:
-                print(verdict, file=sys.stderr)
-            if not verdict.passed:
+                for verdict in verdicts:
+                    print(verdict, file=sys.stderr)
+            if not all(v.passed for v in verdicts):
                 print(out)
                 return VERIFY_FAILED
     except BuildError as e:
