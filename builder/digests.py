@@ -9,7 +9,7 @@ RTN build on two cores. Two kinds of input avoid it:
   path and trusted only while its size, inode, device, mtime and ctime are all unchanged (the
   ctime changes with any write and cannot be set back, as git's index relies on).
 The cache is an optimization only: when it cannot be read or written the file is hashed, and a
-file that changes while it is hashed is not remembered.
+file that changes while it is hashed, or was modified in the last seconds, is not remembered.
 """
 
 from __future__ import annotations
@@ -20,10 +20,13 @@ import json
 import os
 import re
 import tempfile
+import time
 from pathlib import Path
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 CACHE_NAME = "sha256.json"
+# A file modified less than this long before it was hashed is not remembered (git's "racily clean").
+RECENT_NS = 3 * 10**9
 # Remembered files at most; the oldest entries go first.
 MAX_ENTRIES = 4096
 
@@ -120,7 +123,9 @@ def _hash_and_remember(files: list[Path]) -> dict[str, str]:
             continue
         before = _stamp(f)
         digests[f.name] = file_sha256(f)
-        if _stamp(f) == before:
+        # Not remembered: a file that changed while it was hashed, or one modified so recently that
+        # a rewrite within the file system's timestamp granularity could keep the same stamp.
+        if _stamp(f) == before and time.time_ns() - max(before[3], before[4]) > RECENT_NS:
             remembered[str(f.resolve())] = {"stat": before, "sha256": digests[f.name]}
     if remembered:
         _store(remembered)

@@ -8,7 +8,7 @@ import shutil
 import pytest
 import yaml
 
-import builder.digests as digests
+from builder import digests
 from builder.cli import main
 
 
@@ -16,9 +16,15 @@ def sha256(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+REAL_RECENT_NS = digests.RECENT_NS
+
+
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    # The files here were all just written, which alone keeps them from being remembered (the
+    # last test); a ctime cannot be set back, so the tests shorten the wait instead.
+    monkeypatch.setattr(digests, "RECENT_NS", -1)
     return tmp_path / "cache" / "builder" / "sha256.json"
 
 
@@ -109,3 +115,14 @@ def test_the_cache_keeps_the_newest_entries(tmp_path, cache, monkeypatch):
         files[-1].write_bytes(bytes([i]) * 10)
         digests.hash_inputs([files[-1]]).result()
     assert list(digests.cached_sha256(files)) == files[2:]
+
+
+def test_a_file_modified_seconds_ago_is_not_remembered(tmp_path, cache, monkeypatch):
+    monkeypatch.setattr(digests, "RECENT_NS", REAL_RECENT_NS)
+    f = tmp_path / "weights.bin"
+    f.write_bytes(b"just written")
+    assert digests.hash_inputs([f]).result() == {"weights.bin": sha256(f)}
+    assert digests.cached_sha256([f]) == {}
+    monkeypatch.setattr(digests, "RECENT_NS", -1)  # as if hashed seconds later
+    digests.hash_inputs([f]).result()
+    assert digests.cached_sha256([f]) == {f: sha256(f)}
