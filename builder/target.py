@@ -61,6 +61,12 @@ class Quantization:
         return 8 if any(matches(p, (module, *sources)) for p in self.int8_layers) else self.bits
 
 
+# The modules that play llama.cpp's attn_v and ffn_down roles, by the families' own names: a gated
+# MLP's down_proj, Phi's fc2 and StarCoder2's c_proj (plain MLPs).
+VALUE_PROJECTIONS = ("v_proj",)
+DOWN_PROJECTIONS = ("down_proj", "mlp.fc2", "mlp.c_proj")
+
+
 def mixed_int8_layers(num_layers: int) -> tuple[str, ...]:
     """The int8 layers of the mixed preset: llama.cpp's Q4_K_M choice (llama-quant.cpp,
     `use_more_bits`: lm_head, the embedding table, and v_proj and down_proj of the first and last
@@ -73,7 +79,7 @@ def mixed_int8_layers(num_layers: int) -> tuple[str, ...]:
     eighth = num_layers // 8
     more = [i for i in range(num_layers)
             if i < eighth or i >= 7 * num_layers // 8 or (i - eighth) % 3 == 2]
-    return ("lm_head", "*embed_tokens", *(f"*layers.{i}.*{m}" for i in more for m in ("v_proj", "down_proj")),
+    return ("lm_head", "*embed_tokens", *(f"*layers.{i}.*{m}" for i in more for m in (*VALUE_PROJECTIONS, *DOWN_PROJECTIONS)),
             "*.o_proj")
 
 

@@ -92,3 +92,15 @@ def test_mixed_preset_puts_int8_where_promised(tmp_path):
     assert op_histogram(out)["GatherBlockQuantized"] == 1  # the tied lookup reads lm_head's int8 matrix
     assert_quantized_parity(source, out, 4, 32, True, exact=True, method="rtn",
                             int8_layers=mixed_int8_layers(layers))
+
+
+@pytest.mark.parametrize("config, down", [("PhiConfig", "fc2"), ("Starcoder2Config", "c_proj")])
+def test_mixed_preset_finds_plain_mlps_down_projections(tmp_path, config, down):
+    # Q4_K_M's ffn_down role under the family's own name (the preset once matched only down_proj).
+    source = make_checkpoint(tmp_path / "src", config, **{**TINY, "num_hidden_layers": 9})
+    out = build(source, tmp_path / "out", "-p", "int4", "--mixed", "--quant-method", "rtn", "--symmetric")
+    model = onnx.load(out / "model.onnx", load_external_data=False)
+    eights = {n.name for n in model.graph.node if n.op_type == "MatMulNBits"
+              and onnx.helper.get_attribute_value(next(a for a in n.attribute if a.name == "bits")) == 8}
+    downs = {int(name.split("layers.")[1].split("/")[0]) for name in eights if f"/mlp/{down}/" in name}
+    assert downs == {0, 3, 6, 7, 8}
