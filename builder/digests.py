@@ -25,15 +25,20 @@ from pathlib import Path
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 CACHE_NAME = "sha256.json"
-# A file modified less than this long before it was hashed is not remembered (git's "racily clean").
+# A file modified less than this long before its hashing began is not remembered (git's "racily
+# clean" rule; coarse file systems stamp to the second or two).
 RECENT_NS = 3 * 10**9
 # Remembered files at most; the oldest entries go first.
 MAX_ENTRIES = 4096
 
 
-def cache_path() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "builder" / CACHE_NAME
+def cache_path() -> Path | None:
+    """The cache file, or None where there is no absolute place for it (no HOME: expanduser would
+    leave a relative `~`; a relative XDG_CACHE_HOME, which the XDG spec says to ignore)."""
+    root = os.environ.get("XDG_CACHE_HOME")
+    if not root or not os.path.isabs(root):
+        root = os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(root) / "builder" / CACHE_NAME if os.path.isabs(root) else None
 
 
 def _stamp(path: Path) -> list[int]:
@@ -66,16 +71,20 @@ def file_sha256(path: Path) -> str:
 
 
 def _load() -> dict[str, dict]:
+    path = cache_path()
     try:
-        entries = json.loads(cache_path().read_text())
-    except (OSError, ValueError):
+        entries = json.loads(path.read_text()) if path is not None else {}
+    except Exception:  # noqa: BLE001 - whatever is wrong with the cache, the build hashes instead
         return {}
     return entries if isinstance(entries, dict) else {}
 
 
 def _store(new: dict[str, dict]) -> None:
-    """Merges `new` into the cache file (re-read first: another build may have written it)."""
+    """Merges `new` into the cache file, re-read just before (what another build wrote meanwhile
+    is mostly kept; an entry lost to a race only means hashing that file again)."""
     path = cache_path()
+    if path is None:
+        return
     try:
         entries = _load()
         for key in new:  # re-inserted at the end: the newest entries are the ones kept
@@ -91,8 +100,8 @@ def _store(new: dict[str, dict]) -> None:
         except BaseException:
             os.unlink(temporary)
             raise
-    except OSError:
-        pass
+    except Exception:  # noqa: BLE001 - the cache is an optimization: it never fails a build
+        return
 
 
 def cached_sha256(files: list[Path]) -> dict[Path, str]:
@@ -109,7 +118,7 @@ def cached_sha256(files: list[Path]) -> dict[Path, str]:
             if (isinstance(entry, dict) and entry.get("stat") == _stamp(f)
                     and _SHA256.fullmatch(str(entry.get("sha256")))):
                 known[f] = entry["sha256"]
-        except OSError:
+        except (OSError, TypeError, ValueError):
             pass
     return known
 
@@ -121,11 +130,14 @@ def _hash_and_remember(files: list[Path]) -> dict[str, str]:
         if f in known:
             digests[f.name] = known[f]
             continue
+        started = time.time_ns()
         before = _stamp(f)
         digests[f.name] = file_sha256(f)
-        # Not remembered: a file that changed while it was hashed, or one modified so recently that
-        # a rewrite within the file system's timestamp granularity could keep the same stamp.
-        if _stamp(f) == before and time.time_ns() - max(before[3], before[4]) > RECENT_NS:
+        # Not remembered: a file that changed while it was hashed, or one last modified so shortly
+        # before the hash began that a rewrite during it, within the file system's timestamp
+        # granularity, could have left the same stamp (measured from the start: hashing a large
+        # file takes longer than RECENT_NS).
+        if _stamp(f) == before and started - max(before[3], before[4]) > RECENT_NS:
             remembered[str(f.resolve())] = {"stat": before, "sha256": digests[f.name]}
     if remembered:
         _store(remembered)

@@ -40,9 +40,9 @@ class Verdict:
 
 # cosine floor and top-1 floor per activation/weight format: fp32 is exact up to summation order;
 # fp16 rounds every op; int4/int8 at accuracy level 4 also round activations to int8, and the
-# reference already has the weights' rounding, so what is left is the same for both (int8 had
-# 0.999, which a tiny random Gemma 3 missed at 0.99886 while passing at accuracy level 0).
-TOLERANCE = {"fp32": (0.99999, 1.0), "fp16": (0.999, 0.9), "int8": (0.998, 0.8), "int4": (0.998, 0.8)}
+# reference already has the weights' rounding, so int8 gets int4's cosine floor (it had 0.999,
+# which a tiny random Gemma 3 missed at 0.99886 with 97% top-1, passing at accuracy level 0).
+TOLERANCE = {"fp32": (0.99999, 1.0), "fp16": (0.999, 0.9), "int8": (0.998, 0.9), "int4": (0.998, 0.8)}
 
 
 # Modules of an image-and-text checkpoint that its package keeps in float (the vision model).
@@ -68,8 +68,9 @@ def check_verifiable(options: BuildOptions) -> None:
 def _graph_linears(name: str, rows: int) -> list[tuple[str, tuple[str, ...], slice]]:
     """The graph's linear layers a transformers Linear feeds: (module path, the checkpoint modules it
     is made of, its rows). q/k/v become one qkv_proj; Phi-3's gate_up_proj becomes gate_proj and
-    up_proj; a multimodal prefix is dropped."""
+    up_proj; Phi's self_attn.dense is the graph's o_proj; a multimodal prefix is dropped."""
     module = name.replace("language_model.model.", "model.").replace("model.language_model.", "model.")
+    module = re.sub(r"\.self_attn\.dense$", ".self_attn.o_proj", module)  # Phi's attention output
     fused = re.match(r"(.*)\.(q|k|v)_proj$", name)
     if fused:
         parts = tuple(f"{fused.group(1)}.{p}_proj" for p in "qkv")
@@ -186,8 +187,10 @@ def _verdict(got: np.ndarray, want: np.ndarray, options: BuildOptions, prompt: s
 
 
 def _image_prompt(config, ids: list[int]) -> tuple[list[int], np.ndarray]:
-    """The text prompt followed by one image's tokens (start, the image tokens, end) as Gemma 3's
-    processor writes them, and a smooth synthetic image already normalized to [-1, 1]."""
+    """The text prompt followed by one image's tokens (start, the image tokens, end: what Gemma 3's
+    processor writes, less its blank lines), and a smooth synthetic image already normalized to
+    [-1, 1]. Both sides attend causally over the image (transformers without token_type_ids, as
+    the runtime does), so this checks the package, not that known difference."""
     image = [config.boi_token_index, *[config.image_token_index] * config.mm_tokens_per_image, config.eoi_token_index]
     size = config.vision_config.image_size
     y, x = np.mgrid[0:size, 0:size] / size

@@ -4,6 +4,7 @@ changed file is never given its old digest."""
 import hashlib
 import os
 import shutil
+import time
 
 import pytest
 import yaml
@@ -14,6 +15,12 @@ from builder.cli import main
 
 def sha256(path):
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def next_tick():
+    """Past one tick of the file system's clock (4 ms on Linux before 6.13), so that the next
+    write gets a new ctime: the tests shorten RECENT_NS, which otherwise guards against that."""
+    time.sleep(0.05)
 
 
 REAL_RECENT_NS = digests.RECENT_NS
@@ -63,6 +70,8 @@ def test_a_rewritten_file_is_hashed_again(tiny_llama, tmp_path, cache, hashed):
     shutil.copytree(tiny_llama, source)
     build(source, tmp_path / "a")
     weights = source / "model.safetensors"
+    assert weights in digests.cached_sha256([weights])
+    next_tick()
     data = bytearray(weights.read_bytes())
     data[-1] ^= 1  # same size; its mtime set back: only the ctime (and the bytes) differ
     stat = weights.stat()
@@ -81,6 +90,7 @@ def test_a_file_changing_while_hashed_is_not_remembered(tmp_path, cache, monkeyp
 
     def changes_during(path):
         digest = original(path)
+        next_tick()
         path.write_bytes(b"after!")
         return digest
 
@@ -126,3 +136,40 @@ def test_a_file_modified_seconds_ago_is_not_remembered(tmp_path, cache, monkeypa
     monkeypatch.setattr(digests, "RECENT_NS", -1)  # as if hashed seconds later
     digests.hash_inputs([f]).result()
     assert digests.cached_sha256([f]) == {f: sha256(f)}
+
+
+def test_a_file_modified_just_before_a_long_hash_is_not_remembered(tmp_path, cache, monkeypatch):
+    # Recency counts from the start of the hash: a rewrite during a hash longer than RECENT_NS
+    # could otherwise keep the stamp on a coarse file system and be remembered with the old digest.
+    monkeypatch.setattr(digests, "RECENT_NS", 200_000_000)
+    f = tmp_path / "weights.bin"
+    f.write_bytes(b"large")
+    original = digests.file_sha256
+
+    def slow(path):
+        time.sleep(0.5)
+        return original(path)
+
+    monkeypatch.setattr(digests, "file_sha256", slow)
+    digests.hash_inputs([f]).result()
+    assert digests.cached_sha256([f]) == {}
+
+
+def test_no_cache_without_an_absolute_home(tmp_path, monkeypatch):
+    # No HOME and no passwd entry leave expanduser's `~` as it is: never a `~` folder in the cwd.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")  # the XDG spec: ignore a relative path
+    monkeypatch.setattr(digests.os.path, "expanduser", lambda path: path)
+    assert digests.cache_path() is None
+    f = tmp_path / "weights.bin"
+    f.write_bytes(b"x")
+    assert digests.hash_inputs([f]).result() == {"weights.bin": sha256(f)}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["weights.bin"]
+
+
+def test_a_cache_file_python_cannot_parse_is_ignored(tmp_path, cache):
+    cache.parent.mkdir(parents=True)
+    cache.write_text("[" * 100_000)  # json raises RecursionError, not ValueError
+    f = tmp_path / "weights.bin"
+    f.write_bytes(b"x")
+    assert digests.hash_inputs([f]).result() == {"weights.bin": sha256(f)}

@@ -8,7 +8,7 @@ from fake_quant import assert_quantized_parity, op_histogram
 from helpers import build, make_checkpoint
 
 from builder.quantize import dequantize, quantize
-from builder.target import mixed_int8_layers
+from builder.target import matches, mixed_int8_layers
 
 RNG = np.random.default_rng(7)
 WEIGHTS = {
@@ -60,11 +60,20 @@ def test_search_8_bits_is_no_worse():
     assert mse(w, 8, True, "search") <= mse(w, 8, True, "rtn")
 
 
+def matches_any(patterns, module):
+    return any(matches(p, (module,)) for p in patterns)
+
+
 def test_mixed_layers_follow_q4_k_m_plus_o_proj():
     patterns = mixed_int8_layers(32)
     layers = sorted({int(p.split(".")[1]) for p in patterns if p.startswith("*layers.")})
     assert layers == [0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31]
     assert "lm_head" in patterns and "*embed_tokens" in patterns and "*.o_proj" in patterns
+    # Layer 1 is chosen and layer 10 is not: `*layers.1.*` must not reach `layers.10.`.
+    assert matches_any(patterns, "model.layers.1.self_attn.v_proj")
+    assert not matches_any(patterns, "model.layers.10.self_attn.v_proj")
+    assert not matches_any(patterns, "model.layers.10.mlp.down_proj")
+    assert matches_any(patterns, "model.layers.10.self_attn.o_proj")
 
 
 @pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
