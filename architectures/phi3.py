@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from builder.architecture import Weights, decoder_layers, vocabulary
+from builder.architecture import Weights, rms_norm_decoder
 from builder.blocks import (
     AttentionSpec,
     AttentionWeights,
@@ -115,10 +115,4 @@ def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: Phi3Config, target: Targ
     else:
         rope = Rope.from_parameters(c.rope_parameters, D, c.max_position_embeddings)
         rotary = rotary_tables(g, rope, c.max_position_embeddings, target)
-    vocab = vocabulary(g, ckpt, target, (c.vocab_size, c.hidden_size), c.tie_word_embeddings)
-    stream = ResidualStream(g, vocab.embed(g, io.input_ids), c.rms_norm_eps, target)
-    presents = decoder_layers(g, ckpt, c.num_hidden_layers,
-                              lambda i, w: decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
-    with g.scope("model", "norm"):
-        h = stream.norm(ckpt.weight("model.norm.weight", (c.hidden_size,)))
-    return vocab.logits(g, h), presents
+    return rms_norm_decoder(g, io, ckpt, c, target, decoder_layer, rotary, lengths=lengths)

@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 import onnx_ir as ir
 
-from builder.blocks.attention import AttentionWeights, sequence_lengths
+from builder.blocks.attention import AttentionWeights, SequenceLengths, sequence_lengths
 from builder.blocks.residual import ResidualStream
 from builder.blocks.vocabulary import Vocabulary
 from builder.checkpoint import Checkpoint
@@ -107,12 +107,14 @@ def decoder_layers(
 
 
 def rms_norm_decoder(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: Any, target: Target, layer: Callable,
-                     rotary: Any, logits_bias: Weight | None = None):
+                     rotary: Any, logits_bias: Weight | None = None, lengths: SequenceLengths | None = None):
     """The body most families share, after their rotary tables: token embeddings into an RMSNorm
     residual stream, `c.num_hidden_layers` layers, `model.norm`, lm_head (with `logits_bias`).
     `layer(g, stream, w, c, i, past, lengths, rotary, target)` records layer i and returns its
-    present (key, value), as the families' decoder_layer functions do. Returns (logits, presents)."""
-    lengths = sequence_lengths(g, io.attention_mask)
+    present (key, value), as the families' decoder_layer functions do. `lengths`: the sequence
+    lengths when the rotary tables already needed them (LongRoPE). Returns (logits, presents)."""
+    if lengths is None:
+        lengths = sequence_lengths(g, io.attention_mask)
     vocab = vocabulary(g, ckpt, target, (c.vocab_size, c.hidden_size), c.tie_word_embeddings)
     stream = ResidualStream(g, vocab.embed(g, io.input_ids), c.rms_norm_eps, target)
     presents = decoder_layers(g, ckpt, c.num_hidden_layers,
