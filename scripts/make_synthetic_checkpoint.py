@@ -12,6 +12,7 @@ bfloat16, as the hub checkpoints are; shards hold at most 5 GB, with model.safet
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import struct
 import sys
@@ -738,12 +739,47 @@ def write_checkpoint(folder: Path, config: dict, seed: int = 0, shard_bytes: int
     return total
 
 
+SHRINK = {"vocab_size": 512, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 3,
+          "max_position_embeddings": 256, "original_max_position_embeddings": 64,
+          "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128, "max_window_layers": 3,
+          "moe_num_experts": 4, "moe_k": 2}
+
+
+def shrunk(config: dict) -> dict:
+    """The preset with small dimensions (what the tests build): 4 query heads of 64, KV heads in the preset's ratio."""
+    c = copy.deepcopy(config)
+    text = c.get("text_config", c)
+    heads, kv = text["num_attention_heads"], text["num_key_value_heads"]
+    text.update({k: v for k, v in SHRINK.items() if k in text})
+    text.update(hidden_size=256, num_attention_heads=4, num_key_value_heads=max(1, 4 * kv // heads))
+    if "head_dim" in text:
+        text["head_dim"] = 64
+    if text.get("sliding_window"):
+        text["sliding_window"] = min(text["sliding_window"], 16)
+    if "partial_rotary_factor" in text:  # rotate a multiple of 16 of the 64 dims, as the preset does of its head
+        rotated = max(16, round(int(64 * text["partial_rotary_factor"]) / 16) * 16)  # phi-2's 0.4 -> 0.5
+        text["partial_rotary_factor"] = rotated / 64
+    for key in ("no_rope_layers", "layer_types"):  # per-layer lists follow the layer count
+        if isinstance(text.get(key), list):
+            text[key] = text[key][: text["num_hidden_layers"]]
+    rope = text.get("rope_scaling") or {}
+    if "short_factor" in rope:  # one factor per rotated pair of the 64-wide head
+        pairs = int(64 * text.get("partial_rotary_factor", 1.0)) // 2
+        rope["short_factor"], rope["long_factor"] = [1.0] * pairs, [2.0] * pairs
+    if "vision_config" in c:
+        # 16x16 patches: the 256 image tokens onnxruntime-genai expects, unpooled.
+        patch = c["vision_config"].get("patch_size", 14)
+        c["vision_config"].update(hidden_size=32, intermediate_size=64, num_hidden_layers=1, image_size=16 * patch)
+    return c
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?", choices=sorted(PRESETS))
     ap.add_argument("output", nargs="?", type=Path)
     ap.add_argument("--list", action="store_true", help="list the presets and their sizes")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--shrink", action="store_true", help="small dimensions, the layout kept (the tests' size)")
     args = ap.parse_args(argv)
     if args.list or args.model is None:
         for name, cfg in sorted(PRESETS.items()):
@@ -752,7 +788,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.output is None:
         ap.error("give an output folder")
-    total = write_checkpoint(args.output, PRESETS[args.model], args.seed)
+    config = shrunk(PRESETS[args.model]) if args.shrink else PRESETS[args.model]
+    total = write_checkpoint(args.output, config, args.seed)
     print(f"wrote {total / 1e9:.2f} GB to {args.output}", file=sys.stderr)
     return 0
 
