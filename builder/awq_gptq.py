@@ -43,9 +43,10 @@ import numpy as np
 
 from builder.checkpoint import Checkpoint, read_headers
 from builder.errors import BuildError
-from builder.lazy import BlockArrays, Blocks, Weight
+from builder.lazy import Weight
 from builder.mapping import TensorInfo, mapped
 from builder.quantize import BLOCK_SIZES
+from builder.stored_blocks import BlockArrays, Blocks
 
 METHODS = ("awq", "gptq")
 AWQ_ORDER = np.array([0, 2, 4, 6, 1, 3, 5, 7])  # nibble i of a word holds column 8c + AWQ_ORDER[i]

@@ -5,7 +5,7 @@ Every type below stores, per block of 32 or 16 values along a row, integer codes
 (some) a minimum: w = scale·code + minimum, or scale·(code − middle). The scale of a K-quant's
 sub-block is a product of an fp16 super-block scale and a 4-, 6- or 8-bit integer, exact in
 float32, as is its minimum. MatMulNBits holds (code − zero point)·scale; a minimum, which an
-integer zero point cannot express, is a per-block float offset (`lazy.Blocks.offsets`: the block's
+integer zero point cannot express, is a per-block float offset (`stored_blocks.Blocks.offsets`: the block's
 inputs summed, times the offset, added — exact in real arithmetic). The zero point is the code
 range's middle where middle·scale + minimum is a float32 exactly (the weights then centred, as
 accuracy_level 4's int8 activations want), else 0 with the minimum itself as the offset.
@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from builder.lazy import BlockArrays, Blocks
+from builder.stored_blocks import BlockArrays, Blocks
 
 QK_K = 256  # a K-quant's super-block
 # type -> (MatMulNBits bits, block size)

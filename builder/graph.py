@@ -21,6 +21,7 @@ import onnx_ir as ir
 from onnx_ir.tape import Tape
 
 from builder.lazy import Weight
+from builder.materialize import write_order
 
 OPSET = 21
 MS_DOMAIN = "com.microsoft"
@@ -53,7 +54,6 @@ class Graph:
         self._constants: dict[tuple, ir.Value] = {}
         # initializer name -> the checkpoint tensors its recipe reads (for plans and records)
         self.sources: dict[str, tuple[str, ...]] = {}
-        self._by_products: set[str] = set()
         # linear layer module path -> the checkpoint modules its weight is made of
         self.linears: dict[str, tuple[str, ...]] = {}
 
@@ -106,32 +106,13 @@ class Graph:
         full = self.scoped_name(name)
         return self.lazy_initializer(full, weight.to_ir(full), weight.sources)
 
-    def lazy_initializer(
-        self, name: str, tensor: ir.TensorProtocol, sources: tuple[str, ...] = (), by_product: bool = False
-    ) -> ir.Value:
-        """Registers an initializer. A `by_product` (a quantized weight's scales) comes out of the
-        computation of the initializer registered before it; it is written one tensor later, so
-        that the writer's threads start the next computation instead of waiting on this one."""
+    def lazy_initializer(self, name: str, tensor: ir.TensorProtocol, sources: tuple[str, ...] = ()) -> ir.Value:
+        """Registers an initializer. `sources`: the checkpoint tensors its recipe reads."""
         if name in self._initializer_names:
             raise ValueError(f"initializer {name!r} defined twice")
         self._initializer_names.add(name)
         self.sources[name] = sources
-        value = self.tape.initializer(tensor, name=name)
-        if by_product:
-            self._by_products.add(name)
-        return value
-
-    def _write_order(self) -> list[ir.Value]:
-        """Initializers in registration order, each by-product moved after the next main tensor."""
-        ordered, waiting, pending = [], [], []
-        for value in self.tape.initializers:
-            if value.name in self._by_products:
-                pending.append(value)
-                continue
-            ordered.append(value)
-            ordered.extend(waiting)
-            waiting, pending = pending, []
-        return ordered + waiting + pending
+        return self.tape.initializer(tensor, name=name)
 
     def constant(self, value: np.ndarray | Sequence[int] | int | float, dtype: np.dtype | type | None = None) -> ir.Value:
         """A small constant initializer (shapes, axes, scalars), shared between all its uses."""
@@ -147,7 +128,7 @@ class Graph:
             inputs=inputs,
             outputs=outputs,
             nodes=self.tape.nodes,
-            initializers=self._write_order(),
+            initializers=write_order(self.tape.initializers),
             opset_imports={"": OPSET, MS_DOMAIN: 1},
             name="main_graph",
         )

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from builder.lazy import ROW_BLOCK_BYTES
+from builder.materialize import ROW_BLOCK_BYTES
 from builder.quantize import ROW_CHUNK_ELEMENTS
 from builder.writer import INLINE_BYTES, MAX_WORKERS
 

@@ -7,6 +7,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "transformers", "onnxruntime")
+# Lower layers and the only project modules each may import: the weight recipe API (lazy) sits on
+# the pre-quantized block format and the write-time machinery, which know nothing of recipes.
+LAYERS = {
+    "builder.stored_blocks": set(),
+    "builder.materialize": {"builder.mapping"},
+    "builder.lazy": {"builder.stored_blocks", "builder.materialize"},
+}
 
 
 def modules() -> dict[str, set[str]]:
@@ -69,3 +76,10 @@ def test_heavy_imports_only_in_verify():
     for name, deps in modules().items():
         heavy = {d for d in deps if d.split(".")[0] in HEAVY}
         assert not heavy or name == "builder.verify", f"{name} imports {heavy}"
+
+
+def test_lower_layers_import_only_what_lies_below_them():
+    graph = modules()
+    for name, allowed in LAYERS.items():
+        project = {d for d in graph[name] if d.split(".")[0] in ("builder", "architectures")}
+        assert project <= allowed, f"{name} imports {project - allowed}"

@@ -12,7 +12,8 @@ import pytest
 from builder.blocks.moe import quantized_experts
 from builder.graph import Graph
 from builder.checkpoint import Checkpoint
-from builder.lazy import ROW_BLOCK_BYTES, STREAM_BYTES, StreamedTensor, Weight
+from builder.lazy import Weight
+from builder.materialize import ROW_BLOCK_BYTES, STREAM_BYTES, StreamedTensor
 from builder.quantize import quantize
 from builder.target import Quantization
 from builder.writer import save_model
@@ -193,7 +194,7 @@ def test_quantized_stack_is_written_holding_one_expert(tmp_path):
 def test_blocks_concat_reblocks_and_refuses_different_input_orders(caplog):
     """Fused parts: blocks of 32 and 16 join at 16 (same values); parts permuted along K differently
     (act-order q/k/v with different g_idx) cannot share one input, so they are not joined."""
-    from builder.lazy import BlockArrays, Blocks
+    from builder.stored_blocks import BlockArrays, Blocks
 
     rng = np.random.default_rng(0)
 

@@ -14,7 +14,8 @@ import numpy as np
 import onnx_ir as ir
 
 from builder.graph import Graph
-from builder.lazy import SharedResult, Weight
+from builder.lazy import Weight
+from builder.materialize import SharedResult
 from builder.quantize import packed_shapes, quantize
 from builder.target import Quantization, Target, source_modules
 
@@ -82,8 +83,7 @@ def _register(g: Graph, shared: SharedResult, weight: Weight, part: str, shape, 
     the source; scales, zero points and offsets come out of the same computation."""
     name = g.scoped_name(part)
     main = part == "data"
-    return g.lazy_initializer(name, shared.tensor(part, shape, dtype, name), weight.sources if main else (),
-                              by_product=not main)
+    return g.lazy_initializer(name, shared.tensor(part, shape, dtype, name), weight.sources if main else ())
 
 
 def _stored_blocks(g: Graph, weight: Weight, scale_dtype: np.dtype) -> QuantizedValues:

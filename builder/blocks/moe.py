@@ -34,7 +34,8 @@ import onnx_ir as ir
 from builder.blocks.linear import linear, module_name
 from builder.errors import BuildError
 from builder.graph import Graph
-from builder.lazy import StackedResult, Weight
+from builder.lazy import Weight
+from builder.materialize import StackedResult
 from builder.quantize import packed_shapes, quantize
 from builder.target import Quantization, Target, source_modules
 
@@ -106,7 +107,7 @@ def quantized_experts(g: Graph, parts: Sequence[Sequence[Weight]], q: Quantizati
     def register(part: str) -> ir.Value:
         name = g.scoped_name(part)
         main = part == "data"
-        return g.lazy_initializer(name, shared.tensor(part, name), sources if main else (), by_product=not main)
+        return g.lazy_initializer(name, shared.tensor(part, name), sources if main else ())
 
     return register("data"), register("scales"), None if q.symmetric else register("zero_points")
 
