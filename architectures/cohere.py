@@ -11,29 +11,27 @@ and only the sliding layers rotate; the global ones have no position embedding a
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from builder.architecture import Weights, attention_weights, decoder_layers, vocabulary
-from builder.blocks import (
-    AttentionSpec,
-    ResidualStream,
-    Rope,
-    gated_mlp,
-    rotary_tables,
-    self_attention,
-    sequence_lengths,
-)
-from builder.checkpoint import Checkpoint
-from builder.graph import Graph
-from builder.hf_config import effective_window, from_dict, rope_parameters
-from builder.io import DecoderIO, logits_dtype
-from builder.target import Target
+import onnx_ir as ir
 
-# transformers' config defaults where Cohere 2 differs from Cohere.
+from architectures import stablelm
+from builder.architecture import Weights
+from builder.blocks import AttentionSpec, self_attention
+from builder.decoder_config import DecoderConfig
+from builder.family import Decoder, Family, register
+from builder.io import logits_dtype
+
+# transformers' config defaults where they differ from the shared ones, and where Cohere 2 differs
+# from Cohere; default_theta: rope_theta when config.json has none (CohereConfig.default_theta;
+# Cohere2Config keeps PreTrainedConfig's).
+COHERE = dict(vocab_size=256000, hidden_size=8192, intermediate_size=22528, num_hidden_layers=40,
+              num_attention_heads=64, max_position_embeddings=8192, pad_token_id=0, bos_token_id=5,
+              eos_token_id=255001, tie_word_embeddings=True)
 VARIANTS: dict[str, dict[str, Any]] = {
-    "CohereForCausalLM": dict(model_type="cohere"),
-    "Cohere2ForCausalLM": dict(model_type="cohere2", sliding_window=4096),
+    "CohereForCausalLM": dict(COHERE, model_type="cohere", default_theta=500_000.0),
+    "Cohere2ForCausalLM": dict(COHERE, model_type="cohere2", sliding_window=4096),
 }
 
 # What each modeling file fixes: Cohere has no sliding layers and rotates everywhere; Cohere 2
@@ -44,115 +42,70 @@ STRUCTURE: dict[str, dict[str, Any]] = {
     "Cohere2ForCausalLM": dict(model_type="llama", use_qk_norm=False, global_rope=False),
 }
 
-# CohereConfig.default_theta and Cohere2Config's (PreTrainedConfig's): rope_theta when config.json has none.
-DEFAULT_THETA = {"CohereForCausalLM": 500_000.0, "Cohere2ForCausalLM": 10_000.0}
-
-IGNORED = ("model.layers.*.self_attn.rotary_emb.inv_freq",)
-
 
 @dataclass(frozen=True)
-class CohereConfig:
-    """config.json of Cohere and Cohere 2; field names are the file's keys, defaults transformers' own."""
+class CohereConfig(DecoderConfig):
+    """config.json of Cohere and Cohere 2: the shared decoder keys and their own."""
 
-    model_type: str = "cohere"
-    vocab_size: int = 256000
-    hidden_size: int = 8192
-    intermediate_size: int = 22528
     logit_scale: float | None = 0.0625
-    num_hidden_layers: int = 40
-    num_attention_heads: int = 64
-    num_key_value_heads: int | None = None
-    head_dim: int | None = None  # not a CohereConfig field, but read when config.json has it
-    hidden_act: str = "silu"
-    max_position_embeddings: int = 8192
     layer_norm_eps: float = 1e-5
-    pad_token_id: int | None = 0
-    bos_token_id: int | None = 5
-    eos_token_id: int | list[int] | None = 255001
-    tie_word_embeddings: bool = True
-    rope_parameters: dict[str, Any] = field(default_factory=dict)
-    attention_bias: bool = False
     use_qk_norm: bool = False  # Cohere only
-    sliding_window: int | None = None  # Cohere 2
     sliding_window_pattern: int = 4  # Cohere 2's older key: every pattern-th layer is global
-    layer_types: list[str] | None = None  # Cohere 2
     # Structure the modeling files fix per architecture (not config.json keys).
     global_rope: bool = True
 
     def __post_init__(self) -> None:
-        set_ = object.__setattr__
-        if self.num_key_value_heads is None:
-            set_(self, "num_key_value_heads", self.num_attention_heads)
-        if self.head_dim is None:
-            set_(self, "head_dim", self.hidden_size // self.num_attention_heads)
-        if self.layer_types is None:
-            set_(self, "layer_types", [
-                "sliding_attention" if self.sliding_window is not None and (i + 1) % self.sliding_window_pattern
-                else "full_attention"
-                for i in range(self.num_hidden_layers)
-            ])
-        if len(self.layer_types) != self.num_hidden_layers:
-            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
+        if self.rope_parameters.get("rope_type") == "default":  # Cohere's default rotary ignores partial_rotary_factor
+            object.__setattr__(self, "rope_parameters",
+                               {k: v for k, v in self.rope_parameters.items() if k != "partial_rotary_factor"})
+        super().__post_init__()
 
-    def sliding(self, layer: int) -> bool:
-        return self.sliding_window is not None and self.layer_types[layer] == "sliding_attention"
-
-    def window(self, layer: int) -> int | None:
-        return effective_window(self.sliding_window, self.max_position_embeddings) if self.sliding(layer) else None
+    def default_layer_types(self) -> list[str]:
+        """Cohere 2 without layer_types: every sliding_window_pattern-th layer is global."""
+        return ["sliding_attention" if self.sliding_window is not None and (i + 1) % self.sliding_window_pattern
+                else "full_attention" for i in range(self.num_hidden_layers)]
 
     def rotates(self, layer: int) -> bool:
         """Cohere2Attention applies rotary only where it has a sliding window."""
-        return self.global_rope or self.sliding(layer)
+        return self.global_rope or (self.sliding_window is not None and self.layer_types[layer] == "sliding_attention")
 
 
-def parse_config(raw: dict[str, Any], architecture: str) -> CohereConfig:
-    defaults = VARIANTS[architecture]
-    params = rope_parameters(raw, raw.get("max_position_embeddings", 8192), DEFAULT_THETA[architecture])
-    if params["rope_type"] == "default":  # Cohere's default rotary ignores partial_rotary_factor
-        params.pop("partial_rotary_factor", None)
-    return from_dict(CohereConfig, raw, defaults, rope_parameters=params, **STRUCTURE[architecture])
-
-
-def decoder_layer(g: Graph, stream: ResidualStream, w: Weights, c: CohereConfig, i: int, past, lengths, rotary,
-                  target: Target):
+def decoder_layer(d: Decoder, w: Weights, i: int) -> tuple[ir.Value, ir.Value]:
     """CohereDecoderLayer / Cohere2DecoderLayer.forward: x + attn(h) + mlp(h), h = input_layernorm(x)."""
-    H, D, I = c.hidden_size, c.head_dim, c.intermediate_size
+    g, c, D = d.g, d.c, d.c.head_dim
     with g.scope("input_layernorm"):
-        h = stream.norm(w("input_layernorm.weight", H))
+        h = d.stream.norm(w("input_layernorm.weight", c.hidden_size))
     a = w.under("self_attn.")
-    attention = attention_weights(a, c, c.attention_bias, c.attention_bias)
+    attention = stablelm.biased_self_attn(a, c)
     if c.use_qk_norm:  # CohereLayerNorm((heads, head_dim)): one weight row per head
         attention = dataclasses.replace(attention, q_norm=a("q_norm.weight", c.num_attention_heads, D),
                                         k_norm=a("k_norm.weight", c.num_key_value_heads, D))
     spec = AttentionSpec(c.num_attention_heads, c.num_key_value_heads, D, window=c.window(i),
                          norm_eps=c.layer_norm_eps, rotary_interleaved=True, qk_layer_norm=True)
     with g.scope("self_attn"):
-        attn, key, value = self_attention(g, h, past, lengths, rotary if c.rotates(i) else None, attention, spec,
-                                          target)
-    m = w.under("mlp.")
+        attn, key, value = self_attention(g, h, d.past(i), d.lengths, d.rotary if c.rotates(i) else None, attention,
+                                          spec, d.target)
     with g.scope("mlp"):
-        mlp = gated_mlp(g, h, m("gate_proj.weight", I, H), m("up_proj.weight", I, H), m("down_proj.weight", H, I),
-                        c.hidden_act, target)
-    stream.add(attn)
-    stream.add(mlp)
+        mlp = stablelm.gated(d, w.under("mlp."), h)
+    d.stream.add(attn)
+    d.stream.add(mlp)  # both branches join at the layer, after the MLP
     return key, value
 
 
-def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: CohereConfig, target: Target):
-    rope = Rope.from_parameters(c.rope_parameters, c.head_dim, c.max_position_embeddings)
-    rotary = rotary_tables(g, rope, c.max_position_embeddings, target)
-    lengths = sequence_lengths(g, io.attention_mask)
-    vocab = vocabulary(g, ckpt, target, (c.vocab_size, c.hidden_size), c.tie_word_embeddings)
-    stream = ResidualStream(g, vocab.embed(g, io.input_ids), c.layer_norm_eps, target, layer_norm=True)
-    presents = decoder_layers(g, ckpt, c.num_hidden_layers,
-                              lambda i, w: decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
-    with g.scope("model", "norm"):
-        h = stream.norm(ckpt.weight("model.norm.weight", (c.hidden_size,)))
-    logits = vocab.logits(g, h)
-    if c.logit_scale is not None and c.logit_scale != 1.0:  # CohereForCausalLM: logits * logit_scale
-        with g.scope("lm_head", "logit_scale"):
-            logits = g.op.Mul(logits, g.constant(c.logit_scale, logits_dtype(target.io_dtype)))
-    return logits, presents
+def scaled_logits(d: Decoder, h: ir.Value) -> ir.Value:
+    """CohereForCausalLM: lm_head's logits times logit_scale."""
+    logits, scale = d.vocab.logits(d.g, h), d.c.logit_scale
+    if scale is None or scale == 1.0:
+        return logits
+    with d.g.scope("lm_head", "logit_scale"):
+        return d.g.op.Mul(logits, d.g.constant(scale, logits_dtype(d.target.io_dtype)))
 
 
-__all__ = ["IGNORED", "STRUCTURE", "VARIANTS", "CohereConfig", "build", "decoder_layer", "parse_config"]
+FAMILY = register(Family(
+    "cohere", CohereConfig, decoder_layer, VARIANTS, structure=STRUCTURE, stream=stablelm.layer_norm_stream,
+    logits=scaled_logits,
+    # Older checkpoints saved the rotary buffer; it is recomputed from the config.
+    ignored=("model.layers.*.self_attn.rotary_emb.inv_freq",),
+))
+
+__all__ = ["FAMILY", "STRUCTURE", "VARIANTS", "CohereConfig", "decoder_layer"]

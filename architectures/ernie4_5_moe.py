@@ -16,30 +16,25 @@ Multi-token-prediction tensors (`mtp*`) are not part of the decoder; transformer
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-from builder.architecture import Weights, attention_weights, rms_norm_decoder
-from builder.blocks import (AttentionSpec, ResidualStream, Rope, gated_mlp, linear, rotary_tables, self_attention)
+from architectures.moe import dense_mlp, parse_whole_head, pre_norm_layer
+from builder.architecture import Weights, attention_weights
+from builder.blocks import AttentionSpec, linear
 from builder.blocks.moe import routed_experts, unstacked
-from builder.checkpoint import Checkpoint
-from builder.errors import BuildError
-from builder.graph import Graph
-from builder.hf_config import from_dict, rope_parameters
-from builder.io import DecoderIO
-from builder.target import Target
+from builder.decoder_config import DecoderConfig
+from builder.family import Decoder, Family, register
 
-VARIANTS: dict[str, dict[str, Any]] = {"Ernie4_5_MoeForCausalLM": {}}
+VARIANTS: dict[str, dict[str, Any]] = {"Ernie4_5_MoeForCausalLM": dict(default_theta=500_000.0)}
 
 # onnxruntime-genai 0.18 knows "ernie4_5" (a plain decoder), not "ernie4_5_moe": the same contract.
-STRUCTURE: dict[str, Any] = dict(model_type="ernie4_5")
-
-IGNORED = ("model.layers.*.self_attn.rotary_emb.inv_freq", "*mtp*")
+STRUCTURE: dict[str, dict[str, Any]] = {"Ernie4_5_MoeForCausalLM": dict(model_type="ernie4_5", sliding_window=None)}
 
 
 @dataclass(frozen=True)
-class Ernie4_5_MoeConfig:
-    """config.json of Ernie4_5_MoeForCausalLM; field names are the file's keys, defaults transformers' own."""
+class Ernie4_5_MoeConfig(DecoderConfig):
+    """config.json of Ernie4_5_MoeForCausalLM: the shared decoder keys and the experts'."""
 
     model_type: str = "ernie4_5_moe"
     vocab_size: int = 103424
@@ -48,12 +43,10 @@ class Ernie4_5_MoeConfig:
     num_hidden_layers: int = 28
     num_attention_heads: int = 20
     num_key_value_heads: int | None = 4
-    head_dim: int | None = None  # not a key of the config class; its attention reads it when present
-    hidden_act: str = "silu"
     max_position_embeddings: int = 131072
     rms_norm_eps: float = 1e-5
     tie_word_embeddings: bool = True
-    rope_parameters: dict[str, Any] = field(default_factory=dict)
+    pad_token_id: int | None = 0
     use_bias: bool = False
     moe_intermediate_size: int = 1536
     moe_k: int = 6
@@ -63,33 +56,16 @@ class Ernie4_5_MoeConfig:
     moe_layer_end_index: int = -1
     moe_layer_interval: int = 1
     moe_norm_min: float = 1e-12
-    bos_token_id: int | None = 1
-    eos_token_id: int | list[int] | None = 2
-    pad_token_id: int | None = 0
 
     def __post_init__(self) -> None:
-        set_ = object.__setattr__
-        if self.head_dim is None:
-            set_(self, "head_dim", self.hidden_size // self.num_attention_heads)
-        if self.num_key_value_heads is None:
-            set_(self, "num_key_value_heads", self.num_attention_heads)
         if self.moe_layer_end_index == -1:  # Ernie4_5_MoeConfig.__post_init__
-            set_(self, "moe_layer_end_index", self.num_hidden_layers - 1)
-
-    def window(self, layer: int) -> int | None:
-        return None
+            object.__setattr__(self, "moe_layer_end_index", self.num_hidden_layers - 1)
+        super().__post_init__()
 
     def sparse(self, layer: int) -> bool:
         """Ernie4_5_MoeDecoderLayer.__init__: experts on every interval-th layer in [start, end]."""
         return ((layer + 1) % self.moe_layer_interval == 0
                 and self.moe_layer_start_index <= layer <= self.moe_layer_end_index)
-
-
-def parse_config(raw: dict[str, Any], architecture: str) -> Ernie4_5_MoeConfig:
-    rope = rope_parameters(raw, raw.get("max_position_embeddings", 131072), 500_000.0)
-    if rope.pop("partial_rotary_factor", 1.0) != 1.0:
-        raise BuildError(f"{architecture} with partial_rotary_factor: transformers rotates the whole head")
-    return from_dict(Ernie4_5_MoeConfig, raw, VARIANTS[architecture], rope_parameters=rope, **STRUCTURE)
 
 
 def experts(m: Weights, c: Ernie4_5_MoeConfig):
@@ -104,16 +80,9 @@ def experts(m: Weights, c: Ernie4_5_MoeConfig):
             [x("down_proj.weight", H, I) for x in each])
 
 
-def dense_mlp(g: Graph, h, m: Weights, c: Ernie4_5_MoeConfig, size: int, target: Target):
-    """Ernie4_5_MoeMLP: down(silu(gate(x)) · up(x)), biased by `use_bias`."""
-    H = c.hidden_size
-    biases = (m("gate_proj.bias", size), m("up_proj.bias", size), m("down_proj.bias", H)) if c.use_bias else None
-    return gated_mlp(g, h, m("gate_proj.weight", size, H), m("up_proj.weight", size, H),
-                     m("down_proj.weight", H, size), c.hidden_act, target, biases)
-
-
-def sparse_moe_block(g: Graph, h, m: Weights, c: Ernie4_5_MoeConfig, target: Target):
+def sparse_moe_block(d: Decoder, h, m: Weights):
     """Ernie4_5_MoeSparseMoeBlock.forward: routed experts plus the shared experts."""
+    g, c, target = d.g, d.c, d.target
     H, E, k = c.hidden_size, c.moe_num_experts, c.moe_k
     with g.scope("gate"):  # Ernie4_5_MoeTopKRouter, in float (transformers keeps it in fp32)
         scores = linear(g, h, m("gate.weight", E, H), replace(target, quantization=None))  # (B, S, E)
@@ -128,39 +97,33 @@ def sparse_moe_block(g: Graph, h, m: Weights, c: Ernie4_5_MoeConfig, target: Tar
     y = routed_experts(g, h, scores, index, weight, k, *experts(m, c), target)
     if c.moe_num_shared_experts > 0:
         with g.scope("shared_experts"):
-            shared = dense_mlp(g, h, m.under("shared_experts."), c, c.moe_intermediate_size * c.moe_num_shared_experts,
-                               target)
+            shared = dense_mlp(d, h, m.under("shared_experts."), c.moe_intermediate_size * c.moe_num_shared_experts,
+                               c.use_bias)
         y = g.op.Add(y, shared)
     return y
 
 
-def decoder_layer(g: Graph, stream: ResidualStream, w: Weights, c: Ernie4_5_MoeConfig, i: int, past, lengths,
-                  rotary, target: Target):
+def decoder_layer(d: Decoder, w: Weights, i: int):
     """Ernie4_5_MoeDecoderLayer.forward: x + attn(norm(x)), then x + mlp(norm(x)); returns the layer's KV."""
-    H = c.hidden_size
-    with g.scope("input_layernorm"):
-        h = stream.norm(w("input_layernorm.weight", H))
+    c, m = d.c, w.under("mlp.")
     attention = attention_weights(w.under("self_attn."), c, c.use_bias, c.use_bias)
     spec = AttentionSpec(c.num_attention_heads, c.num_key_value_heads, c.head_dim, rotary_interleaved=True)
-    with g.scope("self_attn"):
-        h, key, value = self_attention(g, h, past, lengths, rotary, attention, spec, target)
-    stream.add(h)
-    with g.scope("post_attention_layernorm"):
-        h = stream.norm(w("post_attention_layernorm.weight", H))
-    m = w.under("mlp.")
-    with g.scope("mlp"):
-        if c.sparse(i):
-            stream.add(sparse_moe_block(g, h, m, c, target))
-        else:
-            stream.add(dense_mlp(g, h, m, c, c.intermediate_size, target))
-    return key, value
+    if c.sparse(i):
+        return pre_norm_layer(d, w, i, attention, spec, lambda h: sparse_moe_block(d, h, m))
+    return pre_norm_layer(d, w, i, attention, spec, lambda h: dense_mlp(d, h, m, c.intermediate_size, c.use_bias))
 
 
-def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: Ernie4_5_MoeConfig, target: Target):
-    rope = Rope.from_parameters(c.rope_parameters, c.head_dim, c.max_position_embeddings)
-    rotary = rotary_tables(g, rope, c.max_position_embeddings, target)
-    bias = ckpt.weight("lm_head.bias", (c.vocab_size,)) if c.use_bias else None  # nn.Linear(bias=use_bias)
-    return rms_norm_decoder(g, io, ckpt, c, target, decoder_layer, rotary, bias)
+def biased_logits(d: Decoder, h):
+    """lm_head, nn.Linear(bias=use_bias)."""
+    bias = d.ckpt.weight("lm_head.bias", (d.c.vocab_size,)) if d.c.use_bias else None
+    return d.vocab.logits(d.g, h, bias=bias)
 
 
-__all__ = ["IGNORED", "STRUCTURE", "VARIANTS", "Ernie4_5_MoeConfig", "build", "decoder_layer", "parse_config"]
+FAMILY = register(Family(
+    "ernie4_5_moe", Ernie4_5_MoeConfig, decoder_layer, VARIANTS, structure=STRUCTURE, parser=parse_whole_head,
+    logits=biased_logits,
+    # Multi-token-prediction tensors (`mtp*`) are not part of the decoder; transformers skips them too.
+    ignored=("model.layers.*.self_attn.rotary_emb.inv_freq", "*mtp*"),
+))
+
+__all__ = ["FAMILY", "STRUCTURE", "VARIANTS", "Ernie4_5_MoeConfig", "decoder_layer"]

@@ -9,31 +9,20 @@ attention and final logits; Gemma 3: per-head q/k RMSNorm, one rotary table per 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import onnx_ir as ir
 
-from builder.architecture import Weights, attention_weights, decoder_layers, vocabulary
-from builder.blocks import (
-    AttentionSpec,
-    ResidualStream,
-    gated_mlp,
-    rotary_tables_by_layer_type,
-    self_attention,
-    sequence_lengths,
-)
+from builder.architecture import Weights, attention_weights, vocabulary
+from builder.blocks import AttentionSpec, ResidualStream, Vocabulary, gated_mlp, self_attention
 from builder.checkpoint import Checkpoint
+from builder.decoder_config import DecoderConfig
 from builder.errors import BuildError
+from builder.family import Decoder, Family, register, rotary_by_layer_type
 from builder.graph import Graph
-from builder.hf_config import (
-    effective_window,
-    from_dict,
-    rope_parameters,
-    rope_parameters_by_layer_type,
-    text_config,
-)
-from builder.io import DecoderIO
+from builder.hf_config import from_dict, rope_parameters, rope_parameters_by_layer_type, text_config
 from builder.lazy import Weight
 from builder.target import Target
 
@@ -54,16 +43,11 @@ VARIANTS["Gemma3ForConditionalGeneration"] = VARIANTS["Gemma3ForCausalLM"]
 # Multimodal checkpoints keep the text decoder's settings under this key of config.json.
 TEXT_CONFIG = {"Gemma3ForConditionalGeneration": "text_config"}
 
-# The multimodal checkpoints carry a vision tower and projector; the build is text-only.
-IGNORED = (
-    "vision_tower.*", "multi_modal_projector.*",
-    "model.vision_tower.*", "model.multi_modal_projector.*",
-)
-
 
 @dataclass(frozen=True)
-class GemmaConfig:
-    """config.json of the Gemma family (for Gemma3ForConditionalGeneration: its `text_config`)."""
+class GemmaConfig(DecoderConfig):
+    """config.json of the Gemma family (for Gemma3ForConditionalGeneration: its `text_config`):
+    the shared decoder keys with Gemma 2's defaults, and Gemma's own."""
 
     model_type: str = "gemma2"
     vocab_size: int = 256000
@@ -76,14 +60,10 @@ class GemmaConfig:
     hidden_act: str | None = None  # Gemma 1's key
     hidden_activation: str | None = None  # Gemma 2/3's key
     max_position_embeddings: int = 8192
-    rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = True
-    rope_parameters: dict[str, Any] = field(default_factory=dict)  # Gemma 3: one dict per layer type
-    attention_bias: bool = False
     query_pre_attn_scalar: float | None = 256
     sliding_window: int | None = 4096
     sliding_window_pattern: int = 2
-    layer_types: list[str] | None = None
     final_logit_softcapping: float | None = None
     attn_logit_softcapping: float | None = None
     bos_token_id: int | None = 2
@@ -98,24 +78,22 @@ class GemmaConfig:
         if act == "gelu":  # transformers maps Gemma's legacy "gelu" to the tanh approximation
             act = "gelu_pytorch_tanh"
         object.__setattr__(self, "hidden_activation", act)
-        if self.layer_types is None:
-            layer_types = [
-                "sliding_attention" if self.sliding_window is not None and (i + 1) % self.sliding_window_pattern
-                else "full_attention"
-                for i in range(self.num_hidden_layers)
-            ]
-            object.__setattr__(self, "layer_types", layer_types)
-        if len(self.layer_types) != self.num_hidden_layers:
-            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
+        super().__post_init__()
 
-    def window(self, layer: int) -> int | None:
-        if self.layer_types[layer] != "sliding_attention":
-            return None
-        return effective_window(self.sliding_window, self.max_position_embeddings)
+    def default_layer_types(self) -> list[str]:
+        """Every `sliding_window_pattern`-th layer global, the others sliding (all global without a window)."""
+        if self.sliding_window is None:
+            return ["full_attention"] * self.num_hidden_layers
+        if self.sliding_window_pattern < 1:
+            raise ValueError(f"sliding_window_pattern is {self.sliding_window_pattern}; expected a positive integer")
+        return ["sliding_attention" if (i + 1) % self.sliding_window_pattern else "full_attention"
+                for i in range(self.num_hidden_layers)]
 
 
-def parse_config(raw: dict[str, Any], architecture: str) -> GemmaConfig:
-    defaults = VARIANTS[architecture]
+def parse_config(family: Family, raw: dict[str, Any], architecture: str) -> GemmaConfig:
+    """The config of `architecture` (a multimodal one's `text_config`); Gemma 3 rotates its sliding
+    layers at their own theta."""
+    defaults = family.variants[architecture]
     if architecture in TEXT_CONFIG:
         raw = text_config(raw, TEXT_CONFIG[architecture])
     max_pos = raw.get("max_position_embeddings", defaults.get("max_position_embeddings", 8192))
@@ -123,7 +101,8 @@ def parse_config(raw: dict[str, Any], architecture: str) -> GemmaConfig:
         rope = rope_parameters_by_layer_type(raw, max_pos, 1_000_000.0, "rope_local_base_freq", 10_000.0)
     else:
         rope = rope_parameters(raw, max_pos)
-    return from_dict(GemmaConfig, raw, defaults, rope_parameters=rope)
+    prefix = f"{TEXT_CONFIG[architecture]}." if architecture in TEXT_CONFIG else ""
+    return from_dict(family.config, raw, defaults, key_prefix=prefix, rope_parameters=rope)
 
 
 def text_prefix(ckpt: Checkpoint) -> str:
@@ -134,6 +113,13 @@ def text_prefix(ckpt: Checkpoint) -> str:
     raise BuildError("the checkpoint has no model.embed_tokens.weight (nor a language_model's)")
 
 
+def decoder_prefix(ckpt: Checkpoint) -> str:
+    """The prefix of the decoder's own tensors (`{prefix}layers.*`, `{prefix}embed_tokens.weight`):
+    transformers 5 saves the multimodal decoder as model.language_model.* (no inner "model.")."""
+    prefix = text_prefix(ckpt)
+    return prefix if prefix.startswith("model.") else prefix + "model."
+
+
 class GemmaWeights(Weights):
     """Weights of a Gemma module; `norm` folds Gemma's (1 + weight) RMSNorm scale into the weight."""
 
@@ -141,10 +127,10 @@ class GemmaWeights(Weights):
         return self(name, *shape).map(lambda x: x.astype(np.float32) + 1, np.float32)
 
 
-def decoder_layer(g: Graph, stream: ResidualStream, w: GemmaWeights, c: GemmaConfig, i: int, past, lengths, rotary,
-                  target: Target):
+def decoder_layer(d: Decoder, w: GemmaWeights, i: int):
     """GemmaDecoderLayer / Gemma2DecoderLayer / Gemma3DecoderLayer.forward; returns the layer's KV.
     Gemma 2/3 normalize each branch's output before it joins the residual (sandwich norms)."""
+    g, c, stream = d.g, d.c, d.stream
     H, D, I = c.hidden_size, c.head_dim, c.intermediate_size
     with g.scope("input_layernorm"):
         h = stream.norm(w.norm("input_layernorm.weight", H))
@@ -156,7 +142,8 @@ def decoder_layer(g: Graph, stream: ResidualStream, w: GemmaWeights, c: GemmaCon
         window=c.window(i), softcap=c.attn_logit_softcapping or 0.0, norm_eps=c.rms_norm_eps,
     )
     with g.scope("self_attn"):
-        h, key, value = self_attention(g, h, past, lengths, rotary, attention, spec, target)
+        h, key, value = self_attention(g, h, d.past(i), d.lengths, d.rotary[c.layer_types[i]], attention, spec,
+                                       d.target)
     if c.sandwich_norms:
         with g.scope("post_attention_layernorm"):
             stream.add(h, w.norm("post_attention_layernorm.weight", H))
@@ -169,7 +156,7 @@ def decoder_layer(g: Graph, stream: ResidualStream, w: GemmaWeights, c: GemmaCon
     m = w.under("mlp.")
     with g.scope("mlp"):
         h = gated_mlp(g, h, m("gate_proj.weight", I, H), m("up_proj.weight", I, H), m("down_proj.weight", H, I),
-                      c.hidden_activation, target)
+                      c.hidden_activation, d.target)
     if c.sandwich_norms:
         with g.scope("post_feedforward_layernorm"):
             stream.add(h, w.norm("post_feedforward_layernorm.weight", H))
@@ -178,22 +165,43 @@ def decoder_layer(g: Graph, stream: ResidualStream, w: GemmaWeights, c: GemmaCon
     return key, value
 
 
-def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: GemmaConfig, target: Target):
-    H, D = c.hidden_size, c.head_dim
-    prefix = text_prefix(ckpt)
-    # transformers 5 saves the multimodal decoder as model.language_model.layers.* (no inner "model.").
-    base = prefix if prefix.startswith("model.") else prefix + "model."
-    rotary = rotary_tables_by_layer_type(g, c.rope_parameters, c.layer_types, D, c.max_position_embeddings, target)
-    lengths = sequence_lengths(g, io.attention_mask)
-    vocab = vocabulary(g, ckpt, target, (c.vocab_size, H), c.tie_word_embeddings, embed=base + "embed_tokens.weight")
-    # The residual stream reaches ~1e5 on real weights (gemma-3-270m), past fp16's 65504: in fp16
-    # builds it and its norms stay in float32 (bf16 has float32's range and keeps its own).
-    residual = np.float32 if target.io_dtype == np.float16 else None
-    # A multimodal package's embedding model has already looked up, scaled and merged the image features.
-    x = io.inputs_embeds if io.inputs_embeds is not None else vocab.embed(g, io.input_ids, scale=float(np.sqrt(H)))
-    stream = ResidualStream(g, x, c.rms_norm_eps, target, residual)
-    presents = decoder_layers(g, ckpt, c.num_hidden_layers, lambda i, w: decoder_layer(
-        g, stream, w, c, i, io.past[i], lengths, rotary[c.layer_types[i]], target), prefix=base, weights=GemmaWeights)
-    with g.scope("model", "norm"):
-        h = stream.norm(GemmaWeights(ckpt, base).norm("norm.weight", H))
-    return vocab.logits(g, h, softcap=c.final_logit_softcapping), presents
+def text_vocabulary(g: Graph, ckpt: Checkpoint, c: GemmaConfig, target: Target) -> Vocabulary:
+    """The decoder's embed_tokens (wherever the checkpoint keeps it) and lm_head; the multimodal
+    package's embedding model reads the same table."""
+    embed = decoder_prefix(ckpt) + "embed_tokens.weight"
+    return vocabulary(g, ckpt, target, (c.vocab_size, c.hidden_size), c.tie_word_embeddings, embed=embed)
+
+
+def embed(d: Decoder) -> ir.Value:
+    """Token embeddings times √hidden; a multimodal package's decoder reads inputs_embeds instead,
+    which its embedding model has already looked up, scaled and merged with the image features."""
+    if d.io.inputs_embeds is not None:
+        return d.io.inputs_embeds
+    return d.vocab.embed(d.g, d.io.input_ids, scale=float(np.sqrt(d.c.hidden_size)))
+
+
+def stream(d: Decoder, x: ir.Value) -> ResidualStream:
+    """The residual stream reaches ~1e5 on real weights (gemma-3-270m), past fp16's 65504: in fp16
+    builds it and its norms stay in float32 (bf16 has float32's range and keeps its own)."""
+    residual = np.float32 if d.target.io_dtype == np.float16 else None
+    return ResidualStream(d.g, x, d.c.rms_norm_eps, d.target, residual)
+
+
+def final_norm(d: Decoder) -> ir.Value:
+    """model.norm (wherever the checkpoint keeps the decoder), its (1 + weight) scale folded."""
+    with d.g.scope("model", "norm"):
+        return d.stream.norm(GemmaWeights(d.ckpt, decoder_prefix(d.ckpt)).norm("norm.weight", d.c.hidden_size))
+
+
+FAMILY = register(Family(
+    "gemma", GemmaConfig, decoder_layer, VARIANTS, parser=parse_config, rotary=rotary_by_layer_type,
+    vocabulary=lambda d: text_vocabulary(d.g, d.ckpt, d.c, d.target), embed=embed, stream=stream,
+    weights=GemmaWeights, prefix=lambda d: decoder_prefix(d.ckpt), final_norm=final_norm,
+    logits=lambda d, h: d.vocab.logits(d.g, h, softcap=d.c.final_logit_softcapping),
+    package={"Gemma3ForConditionalGeneration": "gemma3_multimodal"},
+    # The multimodal checkpoints carry a vision tower and projector; the decoder's build reads none.
+    ignored=("vision_tower.*", "multi_modal_projector.*", "model.vision_tower.*", "model.multi_modal_projector.*"),
+))
+
+__all__ = ["FAMILY", "TEXT_CONFIG", "VARIANTS", "GemmaConfig", "GemmaWeights", "decoder_layer", "decoder_prefix",
+           "parse_config", "text_prefix", "text_vocabulary"]

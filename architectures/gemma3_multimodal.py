@@ -32,12 +32,11 @@ import numpy as np
 import onnx_ir as ir
 
 from architectures import gemma3_vision
-from architectures.gemma import GemmaConfig, text_prefix
-from builder.architecture import vocabulary
+from architectures.gemma import GemmaConfig, text_vocabulary
 from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
 from builder.graph import Graph
-from builder.hf_config import read_json
+from builder.hf_config import read_json, token_id
 from builder.image_processor import PROCESSOR_FILE, extensions_processor
 from builder.io import BATCH, SEQUENCE
 from builder.target import Target
@@ -85,7 +84,10 @@ def package(raw: dict[str, Any], folder: Path, ckpt: Checkpoint, text: GemmaConf
     if vc.mm_tokens_per_image != GENAI_IMAGE_TOKENS:
         raise BuildError(f"mm_tokens_per_image is {vc.mm_tokens_per_image}, but onnxruntime-genai 0.18 expands "
                          f"every image to {GENAI_IMAGE_TOKENS} tokens; pass --text-only for the decoder alone")
-    image_token = raw.get("image_token_id", raw.get("image_token_index", DEFAULT_IMAGE_TOKEN))
+    key = "image_token_id" if "image_token_id" in raw else "image_token_index"
+    image_token = token_id(raw.get(key, DEFAULT_IMAGE_TOKEN), key)
+    if image_token is None:
+        image_token = DEFAULT_IMAGE_TOKEN
     vision_dtype = np.dtype(np.float32) if target.io_dtype != np.float16 else target.io_dtype
     vision_target = Target(io_dtype=vision_dtype, execution_provider=target.execution_provider)
     preprocessor = folder / "preprocessor_config.json"
@@ -110,9 +112,7 @@ def embedding_model(ckpt: Checkpoint, c: GemmaConfig, image_token: int, features
     ids = ir.Value(name="input_ids", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape((BATCH, SEQUENCE)))
     features = ir.Value(name="image_features", type=_type(features_dtype),
                         shape=ir.Shape(("num_images", "num_image_tokens", H)))
-    prefix = text_prefix(ckpt)
-    base = prefix if prefix.startswith("model.") else prefix + "model."
-    vocab = vocabulary(g, ckpt, target, (c.vocab_size, H), c.tie_word_embeddings, embed=base + "embed_tokens.weight")
+    vocab = text_vocabulary(g, ckpt, c, target)
     is_image = g.op.Equal(ids, g.constant(image_token, np.int64))
     # An image token past the vocabulary (transformers' check) is looked up as token 0, then replaced.
     lookup = g.op.Where(is_image, g.constant(0, np.int64), ids) if image_token >= c.vocab_size else ids

@@ -28,7 +28,7 @@ from builder.blocks import ResidualStream, linear, plain_mlp, rms_norm
 from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
 from builder.graph import Graph
-from builder.hf_config import from_dict
+from builder.hf_config import config_object, config_value, from_dict
 from builder.target import Target
 
 __all__ = ["IGNORED", "Gemma3VisionConfig", "build", "parse_config", "vision_model"]
@@ -88,9 +88,10 @@ class Gemma3VisionConfig:
 def parse_config(raw: dict[str, Any]) -> Gemma3VisionConfig:
     """The encoder's settings from a Gemma3ForConditionalGeneration config.json; missing keys take
     transformers' defaults (Gemma3Config makes a default SiglipVisionConfig when vision_config is absent)."""
-    vision = {**(raw.get("vision_config") or {}), "mm_tokens_per_image": raw.get("mm_tokens_per_image", 256)}
-    text_hidden = (raw.get("text_config") or {}).get("hidden_size", Gemma3VisionConfig.text_hidden_size)
-    return from_dict(Gemma3VisionConfig, vision, text_hidden_size=text_hidden)
+    tokens = config_value("mm_tokens_per_image", raw.get("mm_tokens_per_image", 256), int)  # the outer config's
+    text_hidden = config_object(raw, "text_config").get("hidden_size", Gemma3VisionConfig.text_hidden_size)
+    return from_dict(Gemma3VisionConfig, config_object(raw, "vision_config"), key_prefix="vision_config.",
+                     mm_tokens_per_image=tokens, text_hidden_size=text_hidden)
 
 
 def _prefix(ckpt: Checkpoint, prefixes: tuple[str, ...], probe: str) -> str:

@@ -15,54 +15,33 @@ rounds the checkpoint's own values).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from builder.architecture import Weights, attention_weights, decoder_layers, vocabulary
-from builder.blocks import (
-    AttentionSpec,
-    ResidualStream,
-    Rope,
-    gated_mlp,
-    rotary_tables,
-    self_attention,
-    sequence_lengths,
-    sparse_moe,
-)
+from architectures.moe import dense_mlp, pre_norm_layer
+from builder.architecture import Weights, attention_weights
+from builder.blocks import AttentionSpec, sparse_moe
 from builder.blocks.moe import unstacked
-from builder.checkpoint import Checkpoint
-from builder.graph import Graph
-from builder.hf_config import from_dict, rope_parameters
-from builder.io import DecoderIO, logits_dtype
-from builder.target import Target
+from builder.decoder_config import DecoderConfig
+from builder.family import Decoder, Family, register
+from builder.io import logits_dtype
 
 VARIANTS: dict[str, dict[str, Any]] = {"GraniteForCausalLM": {}, "GraniteMoeForCausalLM": dict(model_type="granitemoe")}
 
-# genai 0.18 has no "granitemoe"; "granite" is the same decoder contract (a plain KV-cache decoder).
-STRUCTURE: dict[str, dict[str, Any]] = {"GraniteForCausalLM": {}, "GraniteMoeForCausalLM": dict(model_type="granite",
-                                                                                                 moe=True)}
-
-IGNORED = ("model.layers.*.self_attn.rotary_emb.inv_freq",)
+# What the modeling files fix: no sliding window; Granite MoE's experts. genai 0.18 has no
+# "granitemoe"; "granite" is the same decoder contract (a plain KV-cache decoder).
+STRUCTURE: dict[str, dict[str, Any]] = {
+    "GraniteForCausalLM": dict(sliding_window=None),
+    "GraniteMoeForCausalLM": dict(model_type="granite", moe=True, sliding_window=None),
+}
 
 
 @dataclass(frozen=True)
-class GraniteConfig:
-    """config.json of GraniteForCausalLM; field names are the file's keys, defaults transformers' own."""
+class GraniteConfig(DecoderConfig):
+    """config.json of GraniteForCausalLM and GraniteMoeForCausalLM: the shared decoder keys and the
+    four multipliers (`head_dim` is not a GraniteConfig key, but read when config.json has it)."""
 
     model_type: str = "granite"
-    vocab_size: int = 32000
-    hidden_size: int = 4096
-    intermediate_size: int = 11008
-    num_hidden_layers: int = 32
-    num_attention_heads: int = 32
-    num_key_value_heads: int | None = None
-    head_dim: int | None = None  # not a GraniteConfig field, but read when config.json has it
-    hidden_act: str = "silu"
-    max_position_embeddings: int = 2048
-    rms_norm_eps: float = 1e-6
-    tie_word_embeddings: bool = False
-    rope_parameters: dict[str, Any] = field(default_factory=dict)
-    attention_bias: bool = False
     mlp_bias: bool = False
     embedding_multiplier: float = 1.0
     logits_scaling: float = 1.0
@@ -70,81 +49,53 @@ class GraniteConfig:
     attention_multiplier: float = 1.0
     num_local_experts: int = 8  # GraniteMoeConfig's
     num_experts_per_tok: int = 2
-    bos_token_id: int | None = 1
-    eos_token_id: int | list[int] | None = 2
-    pad_token_id: int | None = None
     moe: bool = False  # the modeling file's: a sparse block of experts in place of the MLP
 
-    def __post_init__(self) -> None:
-        if self.num_key_value_heads is None:
-            object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
-        if self.head_dim is None:
-            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
 
-    def window(self, layer: int) -> int | None:
-        return None
-
-
-def parse_config(raw: dict[str, Any], architecture: str) -> GraniteConfig:
-    max_pos = raw.get("max_position_embeddings", 2048)
-    return from_dict(GraniteConfig, raw, VARIANTS[architecture], rope_parameters=rope_parameters(raw, max_pos),
-                     **STRUCTURE[architecture])
-
-
-def mlp(g: Graph, h, w: Weights, c: GraniteConfig, target: Target):
-    """GraniteMLP.forward, or GraniteMoeMoE.forward (softmax over the top-k router logits), in its scope."""
+def mlp(d: Decoder, h, w: Weights):
+    """GraniteMLP.forward, or GraniteMoeMoE.forward (softmax over the top-k router logits)."""
+    c = d.c
     H, I = c.hidden_size, c.intermediate_size
-    if c.moe:
-        m, E = w.under("block_sparse_moe."), c.num_local_experts
-        fused = m("input_linear.weight", E, 2 * I, H)  # (E, 2I, H): chunk(2) gives gate, then up
-        return sparse_moe(g, h, m("router.layer.weight", E, H), unstacked(fused, 0, I), unstacked(fused, I),
-                          unstacked(m("output_linear.weight", E, H, I)), c.num_experts_per_tok, True, c.hidden_act,
-                          target, router_name="router")
-    m = w.under("mlp.")
-    biases = (m("gate_proj.bias", I), m("up_proj.bias", I), m("down_proj.bias", H)) if c.mlp_bias else None
-    return gated_mlp(g, h, m("gate_proj.weight", I, H), m("up_proj.weight", I, H), m("down_proj.weight", H, I),
-                     c.hidden_act, target, biases)
+    if not c.moe:
+        return dense_mlp(d, h, w.under("mlp."), I, c.mlp_bias)
+    m, E = w.under("block_sparse_moe."), c.num_local_experts
+    fused = m("input_linear.weight", E, 2 * I, H)  # (E, 2I, H): chunk(2) gives gate, then up
+    return sparse_moe(d.g, h, m("router.layer.weight", E, H), unstacked(fused, 0, I), unstacked(fused, I),
+                      unstacked(m("output_linear.weight", E, H, I)), c.num_experts_per_tok, True, c.hidden_act,
+                      d.target, router_name="router")
 
 
-def decoder_layer(g: Graph, stream: ResidualStream, w: Weights, c: GraniteConfig, i: int, past, lengths, rotary,
-                  target: Target):
+def decoder_layer(d: Decoder, w: Weights, i: int):
     """GraniteDecoderLayer/GraniteMoeDecoderLayer.forward: x + attn(norm(x)) · m, then x + mlp(norm(x)) · m,
     with m the residual_multiplier; returns the layer's KV."""
-    H, D = c.hidden_size, c.head_dim
+    g, c = d.g, d.c
     def scaled(h):
-        return h if c.residual_multiplier == 1 else g.op.Mul(h, g.constant(c.residual_multiplier, target.io_dtype))
+        return h if c.residual_multiplier == 1 else g.op.Mul(h, g.constant(c.residual_multiplier, d.target.io_dtype))
 
-    with g.scope("input_layernorm"):
-        h = stream.norm(w("input_layernorm.weight", H))
-    a = w.under("self_attn.")
-    attention = attention_weights(a, c, c.attention_bias, c.attention_bias)
-    spec = AttentionSpec(c.num_attention_heads, c.num_key_value_heads, D, scale=c.attention_multiplier)
-    with g.scope("self_attn"):
-        h, key, value = self_attention(g, h, past, lengths, rotary, attention, spec, target)
-        stream.add(scaled(h))
-    with g.scope("post_attention_layernorm"):
-        h = stream.norm(w("post_attention_layernorm.weight", H))
-    with g.scope("block_sparse_moe" if c.moe else "mlp"):
-        stream.add(scaled(mlp(g, h, w, c, target)))
-    return key, value
+    attention = attention_weights(w.under("self_attn."), c, c.attention_bias, c.attention_bias)
+    spec = AttentionSpec(c.num_attention_heads, c.num_key_value_heads, c.head_dim, scale=c.attention_multiplier)
+    return pre_norm_layer(d, w, i, attention, spec, lambda h: mlp(d, h, w),
+                          "block_sparse_moe" if c.moe else "mlp", branch=scaled)
 
 
-def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: GraniteConfig, target: Target):
-    rope = Rope.from_parameters(c.rope_parameters, c.head_dim, c.max_position_embeddings)
-    rotary = rotary_tables(g, rope, c.max_position_embeddings, target)
-    lengths = sequence_lengths(g, io.attention_mask)
-    vocab = vocabulary(g, ckpt, target, (c.vocab_size, c.hidden_size), c.tie_word_embeddings)
-    x = vocab.embed(g, io.input_ids, scale=c.embedding_multiplier if c.embedding_multiplier != 1 else None)
-    stream = ResidualStream(g, x, c.rms_norm_eps, target)
-    presents = decoder_layers(g, ckpt, c.num_hidden_layers,
-                              lambda i, w: decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
-    with g.scope("model", "norm"):
-        h = stream.norm(ckpt.weight("model.norm.weight", (c.hidden_size,)))
-    logits = vocab.logits(g, h)
-    if c.logits_scaling != 1:
-        with g.scope("lm_head"):  # GraniteForCausalLM: logits / logits_scaling
-            logits = g.op.Div(logits, g.constant(c.logits_scaling, logits_dtype(target.io_dtype)))
-    return logits, presents
+def embed(d: Decoder):
+    """The embeddings times `embedding_multiplier`."""
+    multiplier = d.c.embedding_multiplier
+    return d.vocab.embed(d.g, d.io.input_ids, scale=multiplier if multiplier != 1 else None)
 
 
-__all__ = ["IGNORED", "STRUCTURE", "VARIANTS", "GraniteConfig", "build", "decoder_layer", "parse_config"]
+def logits(d: Decoder, h):
+    """GraniteForCausalLM: lm_head(h) / logits_scaling."""
+    logits = d.vocab.logits(d.g, h)
+    if d.c.logits_scaling != 1:
+        with d.g.scope("lm_head"):
+            logits = d.g.op.Div(logits, d.g.constant(d.c.logits_scaling, logits_dtype(d.target.io_dtype)))
+    return logits
+
+
+FAMILY = register(Family(
+    "granite", GraniteConfig, decoder_layer, VARIANTS, structure=STRUCTURE, embed=embed, logits=logits,
+    ignored=("model.layers.*.self_attn.rotary_emb.inv_freq",),
+))
+
+__all__ = ["FAMILY", "STRUCTURE", "VARIANTS", "GraniteConfig", "decoder_layer"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from architectures import llama
-from architectures.llama import IGNORED, LlamaConfig, build
+from builder.family import register
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "MinistralForCausalLM": dict(
@@ -38,8 +38,6 @@ STRUCTURE: dict[str, dict[str, Any]] = {
 }
 
 
-def parse_config(raw: dict[str, Any], architecture: str) -> LlamaConfig:
-    return llama.parse_config(raw, architecture, VARIANTS, STRUCTURE)
+FAMILY = register(llama.FAMILY.with_(name="ministral", variants=VARIANTS, structure=STRUCTURE))
 
-
-__all__ = ["IGNORED", "STRUCTURE", "VARIANTS", "build", "parse_config"]
+__all__ = ["FAMILY", "STRUCTURE", "VARIANTS"]

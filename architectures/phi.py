@@ -1,79 +1,48 @@
 """Phi-1, Phi-1.5 and Phi-2 (PhiForCausalLM): a GPT-style decoder with parallel branches.
 
-Reference: transformers/models/phi/modeling_phi.py. Apart from Llama: one LayerNorm (with bias)
-feeds both the attention and the MLP, whose outputs join the residual together
-(x + attn(ln(x)) + mlp(ln(x))); the MLP is fc1 -> gelu_new -> fc2; every projection has a bias,
-lm_head included; attention's output projection is called `dense`; partial rotary (half the head
-by default); an optional LayerNorm on q and k (`qk_layernorm`, one per projection, shared by the
-heads); a final LayerNorm, `final_layernorm`.
+Reference: transformers/models/phi/modeling_phi.py. StableLM's LayerNorm layer with parallel
+branches (architectures/stablelm.py): one LayerNorm (with bias) feeds both the attention and the
+MLP, whose outputs join the residual together (x + attn(ln(x)) + mlp(ln(x))). Apart from it: the
+MLP is fc1 -> gelu_new -> fc2; every projection has a bias, lm_head included; attention's output
+projection is called `dense`; partial rotary (half the head by default); an optional LayerNorm on
+q and k (`qk_layernorm`, one per projection, shared by the heads); a final LayerNorm, `final_layernorm`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, ClassVar
 
-from builder.architecture import Weights, decoder_layers, vocabulary
-from builder.blocks import (
-    AttentionSpec,
-    AttentionWeights,
-    ResidualStream,
-    Rope,
-    plain_mlp,
-    rotary_tables,
-    self_attention,
-    sequence_lengths,
-)
-from builder.checkpoint import Checkpoint
-from builder.graph import Graph
-from builder.hf_config import from_dict, rope_parameters
-from builder.io import DecoderIO
-from builder.target import Target
+import onnx_ir as ir
 
-VARIANTS: dict[str, dict[str, Any]] = {"PhiForCausalLM": {}}
+from architectures import stablelm
+from builder.architecture import Weights
+from builder.blocks import AttentionWeights
+from builder.decoder_config import DecoderConfig
+from builder.family import Decoder, register
 
-IGNORED: tuple[str, ...] = ()
+# PhiConfig's defaults where they differ from the shared ones (partial_rotary_factor: for configs
+# that omit it).
+VARIANTS: dict[str, dict[str, Any]] = {"PhiForCausalLM": dict(
+    model_type="phi", vocab_size=51200, hidden_size=2048, intermediate_size=8192, num_hidden_layers=24,
+    hidden_act="gelu_new", partial_rotary_factor=0.5,
+)}
+
+# No layer slides, whatever config.json says.
+STRUCTURE: dict[str, dict[str, Any]] = {"PhiForCausalLM": dict(sliding_window=None, layer_types=None)}
 
 
 @dataclass(frozen=True)
-class PhiConfig:
-    """config.json of PhiForCausalLM; field names are the file's keys, defaults transformers' own."""
+class PhiConfig(DecoderConfig):
+    """config.json of PhiForCausalLM: the shared decoder keys and its own."""
 
-    model_type: str = "phi"
-    vocab_size: int = 51200
-    hidden_size: int = 2048
-    intermediate_size: int = 8192
-    num_hidden_layers: int = 24
-    num_attention_heads: int = 32
-    num_key_value_heads: int | None = None
-    head_dim: int | None = None  # not a PhiConfig field, but PhiAttention reads it when given
-    hidden_act: str = "gelu_new"
-    max_position_embeddings: int = 2048
     layer_norm_eps: float = 1e-5
-    tie_word_embeddings: bool = False
-    rope_parameters: dict[str, Any] = field(default_factory=dict)
     qk_layernorm: bool = False
-    bos_token_id: int | None = 1
-    eos_token_id: int | list[int] | None = 2
-    pad_token_id: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.num_key_value_heads is None:
-            object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
-        if self.head_dim is None:
-            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
-
-    def window(self, layer: int) -> int | None:
-        return None
+    use_parallel_residual: ClassVar[bool] = True
 
 
-def parse_config(raw: dict[str, Any], architecture: str) -> PhiConfig:
-    params = rope_parameters(raw, raw.get("max_position_embeddings", 2048))
-    params.setdefault("partial_rotary_factor", 0.5)  # PhiConfig's default, for configs that omit it
-    return from_dict(PhiConfig, raw, VARIANTS[architecture], rope_parameters=params)
-
-
-def attention_weights(a: Weights, c: PhiConfig) -> AttentionWeights:
+def self_attn_weights(a: Weights, c: PhiConfig) -> AttentionWeights:
     """PhiAttention's q/k/v_proj and dense, all with biases, and its optional q/k LayerNorms."""
     H, D = c.hidden_size, c.head_dim
     q_dim, kv_dim = c.num_attention_heads * D, c.num_key_value_heads * D
@@ -88,38 +57,21 @@ def attention_weights(a: Weights, c: PhiConfig) -> AttentionWeights:
     )
 
 
-def decoder_layer(g: Graph, stream: ResidualStream, w: Weights, c: PhiConfig, i: int, past, lengths, rotary,
-                  target: Target):
-    """PhiDecoderLayer.forward: x + attn(ln(x)) + mlp(ln(x)); returns the layer's KV."""
-    H, I = c.hidden_size, c.intermediate_size
-    with g.scope("input_layernorm"):
-        h = stream.norm(w("input_layernorm.weight", H), w("input_layernorm.bias", H))
-    spec = AttentionSpec(c.num_attention_heads, c.num_key_value_heads, c.head_dim, norm_eps=c.layer_norm_eps,
-                         qk_layer_norm=True)
-    with g.scope("self_attn"):
-        attn, key, value = self_attention(g, h, past, lengths, rotary, attention_weights(w.under("self_attn."), c),
-                                          spec, target)
-    stream.add(attn)
-    m = w.under("mlp.")
-    with g.scope("mlp"):
-        stream.add(plain_mlp(g, h, m("fc1.weight", I, H), m("fc2.weight", H, I), c.hidden_act, target,
-                             (m("fc1.bias", I), m("fc2.bias", H)), names=("fc1", "fc2")))
-    return key, value
+def mlp(d: Decoder, m: Weights, h: ir.Value) -> ir.Value:
+    """PhiMLP: fc2(gelu_new(fc1(h))), with biases."""
+    return stablelm.plain(d, m, h, ("fc1", "fc2"), biased=True)
 
 
-def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: PhiConfig, target: Target):
-    H, V = c.hidden_size, c.vocab_size
-    rope = Rope.from_parameters(c.rope_parameters, c.head_dim, c.max_position_embeddings)
-    rotary = rotary_tables(g, rope, c.max_position_embeddings, target)
-    lengths = sequence_lengths(g, io.attention_mask)
-    vocab = vocabulary(g, ckpt, target, (V, H), c.tie_word_embeddings)
-    stream = ResidualStream(g, vocab.embed(g, io.input_ids), c.layer_norm_eps, target, layer_norm=True)
-    presents = decoder_layers(g, ckpt, c.num_hidden_layers,
-                              lambda i, w: decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
-    final = Weights(ckpt, "model.final_layernorm.")
-    with g.scope("model", "final_layernorm"):
-        h = stream.norm(final("weight", H), final("bias", H))
-    return vocab.logits(g, h, bias=ckpt.weight("lm_head.bias", (V,))), presents
+def biased_logits(d: Decoder, h: ir.Value) -> ir.Value:
+    """lm_head with its bias."""
+    return d.vocab.logits(d.g, h, bias=d.ckpt.weight("lm_head.bias", (d.c.vocab_size,)))
 
 
-__all__ = ["IGNORED", "VARIANTS", "PhiConfig", "attention_weights", "build", "decoder_layer", "parse_config"]
+# PhiDecoderLayer.forward: x + attn(ln(x)) + mlp(ln(x)), as StableLM's layer with parallel branches.
+FAMILY = register(stablelm.FAMILY.with_(
+    name="phi", config=PhiConfig, variants=VARIANTS, structure=STRUCTURE,
+    layer=partial(stablelm.decoder_layer, self_attn=self_attn_weights, mlp=mlp),
+    final_norm=partial(stablelm.final_norm, name="final_layernorm"), logits=biased_logits,
+))
+
+__all__ = ["FAMILY", "VARIANTS", "PhiConfig", "self_attn_weights"]

@@ -13,67 +13,48 @@ Reference: transformers/models/phimoe/modeling_phimoe.py. Apart from Mixtral:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import dataclasses
+from dataclasses import dataclass, replace
 from typing import Any
 
-from builder.architecture import Weights, attention_weights, decoder_layers, vocabulary
-from builder.blocks import AttentionSpec, ResidualStream, Rope, linear, rotary_tables, self_attention, sequence_lengths
+from architectures.moe import pre_norm_layer
+from builder.architecture import Weights, attention_weights
+from builder.blocks import AttentionSpec, ResidualStream, Rope, linear, longrope_tables, rotary_tables
 from builder.blocks.moe import routed_experts, sparsemixer
-from builder.blocks.rope import longrope_tables
-from builder.checkpoint import Checkpoint
+from builder.decoder_config import DecoderConfig
 from builder.errors import BuildError
-from builder.graph import Graph
-from builder.hf_config import effective_window, from_dict, rope_parameters
-from builder.io import DecoderIO
-from builder.target import Target
+from builder.family import Decoder, Family, parse, register
 
-VARIANTS: dict[str, dict[str, Any]] = {"PhimoeForCausalLM": {}}
+VARIANTS: dict[str, dict[str, Any]] = {"PhimoeForCausalLM": dict(default_theta=1e6)}
 
-IGNORED = ("model.layers.*.self_attn.rotary_emb.inv_freq",)
+# Every layer slides when there is a window: the modeling file reads no layer_types.
+STRUCTURE: dict[str, dict[str, Any]] = {"PhimoeForCausalLM": dict(layer_types=None)}
 
 
 @dataclass(frozen=True)
-class PhimoeConfig:
-    """config.json of PhimoeForCausalLM; field names are the file's keys, defaults transformers' own."""
+class PhimoeConfig(DecoderConfig):
+    """config.json of PhimoeForCausalLM: the shared decoder keys and the experts'."""
 
     model_type: str = "phimoe"
     vocab_size: int = 32064
-    hidden_size: int = 4096
     intermediate_size: int = 6400
-    num_hidden_layers: int = 32
-    num_attention_heads: int = 32
     num_key_value_heads: int | None = 8
-    hidden_act: str = "silu"
     max_position_embeddings: int = 4096 * 32
     rms_norm_eps: float = 1e-5  # the LayerNorms' eps
-    tie_word_embeddings: bool = False
-    rope_parameters: dict[str, Any] = field(default_factory=dict)
-    sliding_window: int | None = None
     num_experts_per_tok: int = 2
     num_local_experts: int = 16
     router_jitter_noise: float = 0.01
-    attention_bias: bool = False
     lm_head_bias: bool = False
-    bos_token_id: int | None = 1
-    eos_token_id: int | list[int] | None = 2
-    pad_token_id: int | None = None
 
     def __post_init__(self) -> None:
-        if self.num_key_value_heads is None:
-            object.__setattr__(self, "num_key_value_heads", self.num_attention_heads)
         if self.num_experts_per_tok != 2:
             raise BuildError(f"Phi-MoE's sparsemixer routes to exactly 2 experts, not {self.num_experts_per_tok}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    def window(self, layer: int) -> int | None:
-        return effective_window(self.sliding_window, self.max_position_embeddings)
+        super().__post_init__()
 
 
-def parse_config(raw: dict[str, Any], architecture: str) -> PhimoeConfig:
-    rope = rope_parameters(raw, raw.get("max_position_embeddings", 4096 * 32), 1e6)
+def parse_config(family: Family, raw: dict[str, Any], architecture: str) -> PhimoeConfig:
+    c = parse(family, raw, architecture)
+    rope = dict(c.rope_parameters)
     if rope["rope_type"] == "longrope":  # PhimoeRotaryEmbedding: mscale replaces the attention factor
         if rope.get("short_mscale") != rope.get("long_mscale"):
             raise BuildError("Phi-MoE with short_mscale != long_mscale is not supported")
@@ -81,52 +62,62 @@ def parse_config(raw: dict[str, Any], architecture: str) -> PhimoeConfig:
     elif rope["rope_type"] != "default":
         raise BuildError(f"Phi-MoE with rope_type {rope['rope_type']!r}: transformers' Phimoe rotary reads "
                          "short_mscale/long_mscale for it")
-    return from_dict(PhimoeConfig, raw, VARIANTS[architecture], rope_parameters=rope)
+    return dataclasses.replace(c, rope_parameters=rope)
 
 
-def decoder_layer(g: Graph, stream: ResidualStream, w: Weights, c: PhimoeConfig, i: int, past, lengths, rotary,
-                  target: Target):
-    """PhimoeDecoderLayer.forward: x + attn(ln(x)), then x + moe(ln(x)); returns the layer's KV."""
+def rotary(d: Decoder):
+    """LongRoPE's short and long tables, switched by the sequence length, or plain ones."""
+    c, lengths = d.c, d.lengths  # the lengths first, whichever tables follow
+    if c.rope_parameters["rope_type"] == "longrope":
+        return longrope_tables(d.g, c.rope_parameters, c.head_dim, c.max_position_embeddings,
+                               lengths.total_sequence_length, d.target)
+    rope = Rope.from_parameters(c.rope_parameters, c.head_dim, c.max_position_embeddings)
+    return rotary_tables(d.g, rope, c.max_position_embeddings, d.target)
+
+
+def sparse_moe_block(d: Decoder, h, m: Weights):
+    """PhimoeSparseMoeBlock.forward: the sparsemixer's two choices of experts, weighted."""
+    g, c = d.g, d.c
     H, I, E = c.hidden_size, c.intermediate_size, c.num_local_experts
-    with g.scope("input_layernorm"):
-        h = stream.norm(w("input_layernorm.weight", H), w("input_layernorm.bias", H))
+    experts = [m.under(f"experts.{e}.") for e in range(E)]
+    with g.scope("gate"):  # the router stays in float, as every MoE router here
+        scores = linear(g, h, m("gate.weight", E, H), replace(d.target, quantization=None))  # (B, S, E)
+    with g.scope("sparsemixer"):
+        index, weight = sparsemixer(g, scores, c.router_jitter_noise)  # (B, S, 2) each
+    return routed_experts(g, h, scores, index, weight, 2, [x("w1.weight", I, H) for x in experts],
+                          [x("w3.weight", I, H) for x in experts], [x("w2.weight", H, I) for x in experts], d.target)
+
+
+def decoder_layer(d: Decoder, w: Weights, i: int):
+    """PhimoeDecoderLayer.forward: x + attn(ln(x)), then x + moe(ln(x)); returns the layer's KV."""
+    c = d.c
     attention = attention_weights(w.under("self_attn."), c, c.attention_bias, c.attention_bias)
     spec = AttentionSpec(c.num_attention_heads, c.num_key_value_heads, c.head_dim, window=c.window(i))
-    with g.scope("self_attn"):
-        h, key, value = self_attention(g, h, past, lengths, rotary, attention, spec, target)
-    stream.add(h)
-    with g.scope("post_attention_layernorm"):
-        h = stream.norm(w("post_attention_layernorm.weight", H), w("post_attention_layernorm.bias", H))
-    m = w.under("block_sparse_moe.")
-    experts = [m.under(f"experts.{e}.") for e in range(E)]
-    with g.scope("block_sparse_moe"):
-        with g.scope("gate"):  # PhimoeSparseMoeBlock: the router stays in float, as every MoE router here
-            scores = linear(g, h, m("gate.weight", E, H), replace(target, quantization=None))  # (B, S, E)
-        with g.scope("sparsemixer"):
-            index, weight = sparsemixer(g, scores, c.router_jitter_noise)  # (B, S, 2) each
-        stream.add(routed_experts(g, h, scores, index, weight, 2, [x("w1.weight", I, H) for x in experts],
-                                  [x("w3.weight", I, H) for x in experts], [x("w2.weight", H, I) for x in experts],
-                                  target))
-    return key, value
+    return pre_norm_layer(d, w, i, attention, spec, lambda h: sparse_moe_block(d, h, w.under("block_sparse_moe.")),
+                          "block_sparse_moe", norm_bias=True)
 
 
-def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: PhimoeConfig, target: Target):
-    lengths = sequence_lengths(g, io.attention_mask)
-    if c.rope_parameters["rope_type"] == "longrope":
-        rotary = longrope_tables(g, c.rope_parameters, c.head_dim, c.max_position_embeddings,
-                                 lengths.total_sequence_length, target)
-    else:
-        rotary = rotary_tables(g, Rope.from_parameters(c.rope_parameters, c.head_dim, c.max_position_embeddings),
-                               c.max_position_embeddings, target)
-    vocab = vocabulary(g, ckpt, target, (c.vocab_size, c.hidden_size), c.tie_word_embeddings)
-    stream = ResidualStream(g, vocab.embed(g, io.input_ids), c.rms_norm_eps, target, layer_norm=True)
-    presents = decoder_layers(g, ckpt, c.num_hidden_layers,
-                              lambda i, w: decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
-    with g.scope("model", "norm"):
-        h = stream.norm(ckpt.weight("model.norm.weight", (c.hidden_size,)), ckpt.weight("model.norm.bias",
-                                                                                        (c.hidden_size,)))
-    bias = ckpt.weight("lm_head.bias", (c.vocab_size,)) if c.lm_head_bias else None
-    return vocab.logits(g, h, bias=bias), presents
+def layer_norm_stream(d: Decoder, x) -> ResidualStream:
+    return ResidualStream(d.g, x, d.c.rms_norm_eps, d.target, layer_norm=True)
 
 
-__all__ = ["IGNORED", "VARIANTS", "PhimoeConfig", "build", "decoder_layer", "parse_config"]
+def final_norm(d: Decoder):
+    """model.norm, a LayerNorm with a bias."""
+    with d.g.scope("model", "norm"):
+        H = d.c.hidden_size
+        return d.stream.norm(d.ckpt.weight("model.norm.weight", (H,)), d.ckpt.weight("model.norm.bias", (H,)))
+
+
+def logits(d: Decoder, h):
+    """lm_head, with a bias by `lm_head_bias`."""
+    bias = d.ckpt.weight("lm_head.bias", (d.c.vocab_size,)) if d.c.lm_head_bias else None
+    return d.vocab.logits(d.g, h, bias=bias)
+
+
+FAMILY = register(Family(
+    "phimoe", PhimoeConfig, decoder_layer, VARIANTS, structure=STRUCTURE, parser=parse_config, rotary=rotary,
+    stream=layer_norm_stream, final_norm=final_norm, logits=logits,
+    ignored=("model.layers.*.self_attn.rotary_emb.inv_freq",),
+))
+
+__all__ = ["FAMILY", "STRUCTURE", "VARIANTS", "PhimoeConfig", "decoder_layer", "parse_config"]

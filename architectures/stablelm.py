@@ -6,6 +6,10 @@ StableLM 2); optional per-head LayerNorms on q and k, one weight per head and no
 (`qk_layernorm`, StableLM 2 12B); optionally parallel branches from the one input LayerNorm
 (`use_parallel_residual`, StableLM 2 12B), with no post_attention_layernorm then.
 
+Its LayerNorm layer is the one of the GPT-style families: Phi, StarCoder2 and Nemotron reuse it
+with their own attention weights and MLP (`decoder_layer`'s `self_attn` and `mlp`); Cohere reuses
+its LayerNorm stream and gated MLP.
+
 onnxruntime-genai 0.18 knows no "stablelm" model type; its "llama" one runs the same contract
 (input_ids, attention_mask, per-layer KV in and out, logits), so genai_config says "llama".
 """
@@ -13,70 +17,58 @@ onnxruntime-genai 0.18 knows no "stablelm" model type; its "llama" one runs the 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from builder.architecture import Weights, attention_weights, decoder_layers, vocabulary
-from builder.blocks import (
-    AttentionSpec,
-    ResidualStream,
-    Rope,
-    gated_mlp,
-    rotary_tables,
-    self_attention,
-    sequence_lengths,
-)
-from builder.checkpoint import Checkpoint
-from builder.graph import Graph
-from builder.hf_config import from_dict, rope_parameters
-from builder.io import DecoderIO
+import onnx_ir as ir
+
+from builder.architecture import Weights, attention_weights
+from builder.blocks import AttentionSpec, AttentionWeights, ResidualStream, gated_mlp, plain_mlp, self_attention
+from builder.decoder_config import DecoderConfig
+from builder.family import Decoder, Family, register
 from builder.lazy import Weight
-from builder.target import Target
 
-VARIANTS: dict[str, dict[str, Any]] = {"StableLmForCausalLM": {}}
+# StableLmConfig's defaults where they differ from the shared ones (partial_rotary_factor: for
+# configs that omit it).
+VARIANTS: dict[str, dict[str, Any]] = {"StableLmForCausalLM": dict(
+    vocab_size=50304, hidden_size=2560, intermediate_size=6912, num_key_value_heads=32, max_position_embeddings=4096,
+    bos_token_id=0, eos_token_id=0, partial_rotary_factor=0.25,
+)}
 
-# onnxruntime-genai's model type for the same decoder contract (see the module docstring).
-STRUCTURE: dict[str, dict[str, Any]] = {"StableLmForCausalLM": dict(model_type="llama")}
-
-IGNORED: tuple[str, ...] = ()
+# onnxruntime-genai's model type for the same decoder contract (see the module docstring); the
+# attention's head is hidden_size / heads whatever config.json says, and no layer slides.
+STRUCTURE: dict[str, dict[str, Any]] = {
+    "StableLmForCausalLM": dict(model_type="llama", head_dim=None, sliding_window=None, layer_types=None),
+}
 
 
 @dataclass(frozen=True)
-class StableLmConfig:
-    """config.json of StableLmForCausalLM; field names are the file's keys, defaults transformers' own."""
+class StableLmConfig(DecoderConfig):
+    """config.json of StableLmForCausalLM: the shared decoder keys and its own."""
 
-    model_type: str = "stablelm"
-    vocab_size: int = 50304
-    hidden_size: int = 2560
-    intermediate_size: int = 6912
-    num_hidden_layers: int = 32
-    num_attention_heads: int = 32
-    num_key_value_heads: int = 32
-    hidden_act: str = "silu"
-    max_position_embeddings: int = 4096
     layer_norm_eps: float = 1e-5
-    tie_word_embeddings: bool = False
-    rope_parameters: dict[str, Any] = field(default_factory=dict)
     use_qkv_bias: bool = False
     qk_layernorm: bool = False
     use_parallel_residual: bool = False
-    bos_token_id: int | None = 0
-    eos_token_id: int | list[int] | None = 0
-    pad_token_id: int | None = None
-
-    def window(self, layer: int) -> int | None:
-        return None
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
 
 
-def parse_config(raw: dict[str, Any], architecture: str) -> StableLmConfig:
-    params = rope_parameters(raw, raw.get("max_position_embeddings", 4096))
-    params.setdefault("partial_rotary_factor", 0.25)  # StableLmConfig's default, for configs that omit it
-    return from_dict(StableLmConfig, raw, VARIANTS[architecture], rope_parameters=params,
-                     **STRUCTURE[architecture])
+class LayerNormWeights(Weights):
+    """Weights of a module whose norms are LayerNorms with bias: `norm` reads (weight, bias)."""
+
+    def norm(self, name: str, size: int) -> tuple[Weight, Weight]:
+        return self(f"{name}.weight", size), self(f"{name}.bias", size)
+
+
+def layer_norm_stream(d: Decoder, x: ir.Value) -> ResidualStream:
+    """A residual stream whose norms are LayerNorms, at the config's `layer_norm_eps`."""
+    return ResidualStream(d.g, x, d.c.layer_norm_eps, d.target, layer_norm=True)
+
+
+def final_norm(d: Decoder, name: str = "norm", weights: type[LayerNormWeights] = LayerNormWeights) -> ir.Value:
+    """The final LayerNorm `model.<name>` (Phi's is `final_layernorm`), read by `weights`."""
+    with d.g.scope("model", name):
+        return d.stream.norm(*weights(d.ckpt, "model.").norm(name, d.c.hidden_size))
 
 
 def per_head_norm(a: Weights, name: str, heads: int, dim: int) -> Weight:
@@ -84,44 +76,64 @@ def per_head_norm(a: Weights, name: str, heads: int, dim: int) -> Weight:
     return Weight.stack([a(f"{name}.norms.{h}.weight", dim) for h in range(heads)])
 
 
-def decoder_layer(g: Graph, stream: ResidualStream, w: Weights, c: StableLmConfig, i: int, past, lengths, rotary,
-                  target: Target):
-    """StableLmDecoderLayer.forward: x + attn(ln1(x)), then + mlp(ln2(x)); with use_parallel_residual
-    x + attn(ln1(x)) + mlp(ln1(x)). Returns the layer's KV."""
-    H, D, I = c.hidden_size, c.head_dim, c.intermediate_size
-    with g.scope("input_layernorm"):
-        h = stream.norm(w("input_layernorm.weight", H), w("input_layernorm.bias", H))
-    a = w.under("self_attn.")
+def self_attn_weights(a: Weights, c: StableLmConfig) -> AttentionWeights:
+    """StableLmAttention's q/k/v/o_proj, q/k/v biases with use_qkv_bias, per-head q/k LayerNorms with qk_layernorm."""
     attention = attention_weights(a, c, c.use_qkv_bias, False)
-    if c.qk_layernorm:
-        attention = dataclasses.replace(attention, q_norm=per_head_norm(a, "q_layernorm", c.num_attention_heads, D),
-                                        k_norm=per_head_norm(a, "k_layernorm", c.num_key_value_heads, D))
-    spec = AttentionSpec(c.num_attention_heads, c.num_key_value_heads, D, norm_eps=c.layer_norm_eps, qk_layer_norm=True)
+    if not c.qk_layernorm:
+        return attention
+    return dataclasses.replace(attention, q_norm=per_head_norm(a, "q_layernorm", c.num_attention_heads, c.head_dim),
+                               k_norm=per_head_norm(a, "k_layernorm", c.num_key_value_heads, c.head_dim))
+
+
+def biased_self_attn(a: Weights, c: Any) -> AttentionWeights:
+    """q/k/v/o_proj, with biases on all four when `c.attention_bias` (Nemotron; StarCoder2's use_bias)."""
+    return attention_weights(a, c, c.attention_bias, c.attention_bias)
+
+
+def gated(d: Decoder, m: Weights, h: ir.Value) -> ir.Value:
+    """StableLmMLP (and CohereMLP): down_proj(act(gate_proj(h)) · up_proj(h)), no biases."""
+    H, I = d.c.hidden_size, d.c.intermediate_size
+    return gated_mlp(d.g, h, m("gate_proj.weight", I, H), m("up_proj.weight", I, H), m("down_proj.weight", H, I),
+                     d.c.hidden_act, d.target)
+
+
+def plain(d: Decoder, m: Weights, h: ir.Value, names: tuple[str, str], biased: bool) -> ir.Value:
+    """The GPT-style MLP down(act(up(h))) under its checkpoint's `names` (Phi's fc1/fc2, StarCoder2's
+    c_fc/c_proj, Nemotron's up_proj/down_proj), with biases when `biased`."""
+    H, I = d.c.hidden_size, d.c.intermediate_size
+    up, down = names
+    biases = (m(f"{up}.bias", I), m(f"{down}.bias", H)) if biased else (None, None)
+    return plain_mlp(d.g, h, m(f"{up}.weight", I, H), m(f"{down}.weight", H, I), d.c.hidden_act, d.target, biases,
+                     names=names)
+
+
+def decoder_layer(d: Decoder, w: LayerNormWeights, i: int,
+                  self_attn: Callable[[Weights, Any], AttentionWeights] = self_attn_weights,
+                  mlp: Callable[[Decoder, Weights, ir.Value], ir.Value] = gated) -> tuple[ir.Value, ir.Value]:
+    """StableLmDecoderLayer.forward: x + attn(ln1(x)), then + mlp(ln2(x)); with use_parallel_residual
+    x + attn(ln1(x)) + mlp(ln1(x)). Returns the layer's KV. `self_attn` reads the attention's
+    weights and `mlp` records the MLP: the families that reuse this layer pass their own."""
+    g, c = d.g, d.c
+    with g.scope("input_layernorm"):
+        h = d.stream.norm(*w.norm("input_layernorm", c.hidden_size))
+    spec = AttentionSpec(c.num_attention_heads, c.num_key_value_heads, c.head_dim, window=c.window(i),
+                         norm_eps=c.layer_norm_eps, qk_layer_norm=True)
     with g.scope("self_attn"):
-        attn, key, value = self_attention(g, h, past, lengths, rotary, attention, spec, target)
-    stream.add(attn)
+        attn, key, value = self_attention(g, h, d.past(i), d.lengths, d.rotary, self_attn(w.under("self_attn."), c),
+                                          spec, d.target)
+    d.stream.add(attn)
     if not c.use_parallel_residual:
         with g.scope("post_attention_layernorm"):
-            h = stream.norm(w("post_attention_layernorm.weight", H), w("post_attention_layernorm.bias", H))
-    m = w.under("mlp.")
+            h = d.stream.norm(*w.norm("post_attention_layernorm", c.hidden_size))
     with g.scope("mlp"):
-        stream.add(gated_mlp(g, h, m("gate_proj.weight", I, H), m("up_proj.weight", I, H), m("down_proj.weight", H, I),
-                             c.hidden_act, target))
+        d.stream.add(mlp(d, w.under("mlp."), h))
     return key, value
 
 
-def build(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: StableLmConfig, target: Target):
-    H = c.hidden_size
-    rope = Rope.from_parameters(c.rope_parameters, c.head_dim, c.max_position_embeddings)
-    rotary = rotary_tables(g, rope, c.max_position_embeddings, target)
-    lengths = sequence_lengths(g, io.attention_mask)
-    vocab = vocabulary(g, ckpt, target, (c.vocab_size, H), c.tie_word_embeddings)
-    stream = ResidualStream(g, vocab.embed(g, io.input_ids), c.layer_norm_eps, target, layer_norm=True)
-    presents = decoder_layers(g, ckpt, c.num_hidden_layers,
-                              lambda i, w: decoder_layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
-    with g.scope("model", "norm"):
-        h = stream.norm(ckpt.weight("model.norm.weight", (H,)), ckpt.weight("model.norm.bias", (H,)))
-    return vocab.logits(g, h), presents
+FAMILY = register(Family(
+    "stablelm", StableLmConfig, decoder_layer, VARIANTS, structure=STRUCTURE,
+    stream=layer_norm_stream, weights=LayerNormWeights, final_norm=final_norm,
+))
 
-
-__all__ = ["IGNORED", "STRUCTURE", "VARIANTS", "StableLmConfig", "build", "decoder_layer", "parse_config"]
+__all__ = ["FAMILY", "STRUCTURE", "VARIANTS", "LayerNormWeights", "StableLmConfig", "biased_self_attn", "decoder_layer",
+           "final_norm", "gated", "layer_norm_stream", "per_head_norm", "plain", "self_attn_weights"]

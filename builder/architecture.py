@@ -1,21 +1,20 @@
-"""What the pipeline needs from an architecture module (see architectures/llama.py for one)."""
+"""Pieces every family uses: DecoderInfo (what I/O and genai_config.json need), Weights under a module
+prefix, a self_attn's weights, the layer loop, the tied vocabulary (builder/family.py declares families)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import onnx_ir as ir
 
-from builder.blocks.attention import AttentionWeights, SequenceLengths, sequence_lengths
-from builder.blocks.residual import ResidualStream
+from builder.blocks.attention import AttentionWeights
 from builder.blocks.vocabulary import Vocabulary
 from builder.checkpoint import Checkpoint
 from builder.graph import Graph
-from builder.hf_config import token_ids
-from builder.io import DecoderIO
+from builder.hf_config import token_ids, warn_past_vocabulary
 from builder.lazy import Weight
 from builder.target import Target
 
@@ -44,6 +43,8 @@ class DecoderInfo:
 def decoder_info(c: Any) -> DecoderInfo:
     """DecoderInfo from any family's config: a dataclass with Hugging Face's key names and a
     `window(layer)` method (the layer's sliding window, None for global layers)."""
+    warn_past_vocabulary({n: getattr(c, n) for n in ("bos_token_id", "eos_token_id", "pad_token_id")}, c.vocab_size,
+                         "config.json")
     windows = [c.window(i) for i in range(c.num_hidden_layers)]
     sliding = [i for i, w in enumerate(windows) if w]
     return DecoderInfo(
@@ -104,39 +105,6 @@ def decoder_layers(
         with g.scope("model", f"layers.{i}"):
             presents.append(layer(i, weights(ckpt, f"{prefix}layers.{i}.")))
     return presents
-
-
-def rms_norm_decoder(g: Graph, io: DecoderIO, ckpt: Checkpoint, c: Any, target: Target, layer: Callable,
-                     rotary: Any, logits_bias: Weight | None = None, lengths: SequenceLengths | None = None):
-    """The body most families share, after their rotary tables: token embeddings into an RMSNorm
-    residual stream, `c.num_hidden_layers` layers, `model.norm`, lm_head (with `logits_bias`).
-    `layer(g, stream, w, c, i, past, lengths, rotary, target)` records layer i and returns its
-    present (key, value), as the families' decoder_layer functions do. `lengths`: the sequence
-    lengths when the rotary tables already needed them (LongRoPE). Returns (logits, presents)."""
-    if lengths is None:
-        lengths = sequence_lengths(g, io.attention_mask)
-    vocab = vocabulary(g, ckpt, target, (c.vocab_size, c.hidden_size), c.tie_word_embeddings)
-    stream = ResidualStream(g, vocab.embed(g, io.input_ids), c.rms_norm_eps, target)
-    presents = decoder_layers(g, ckpt, c.num_hidden_layers,
-                              lambda i, w: layer(g, stream, w, c, i, io.past[i], lengths, rotary, target))
-    with g.scope("model", "norm"):
-        h = stream.norm(ckpt.weight("model.norm.weight", (c.hidden_size,)))
-    return vocab.logits(g, h, bias=logits_bias), presents
-
-
-class Architecture(Protocol):
-    """A module in architectures/: the architectures it defines, a config parser, the graph, and
-    what to ignore. Its config dataclass has config.json's key names and `window(layer)`; builder
-    derives the rest (decoder_info)."""
-
-    VARIANTS: dict[str, dict[str, Any]]  # architecture name -> transformers' defaults for it
-    IGNORED: tuple[str, ...]  # fnmatch patterns of checkpoint tensors deliberately left unused
-
-    def parse_config(self, raw: dict[str, Any], architecture: str) -> Any: ...
-
-    def build(
-        self, g: Graph, io: DecoderIO, ckpt: Checkpoint, config: Any, target: Target
-    ) -> tuple[ir.Value, list[tuple[ir.Value, ir.Value]]]: ...
 
 
 def vocabulary(

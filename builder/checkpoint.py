@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import math
 import os
 import struct
 from collections.abc import Iterable
@@ -20,6 +21,7 @@ import ml_dtypes
 import numpy as np
 
 from builder.errors import BuildError
+from builder.hf_config import load_json, parse_json
 from builder.lazy import Weight
 from builder.mapping import TensorInfo, mapped
 
@@ -43,50 +45,96 @@ _MAX_HEADER_BYTES = 100 * 1024 * 1024
 
 
 def read_header(path: Path) -> dict[str, TensorInfo]:
-    """Parses one safetensors header and checks every byte range against the file's size."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        raw_len = f.read(8)
-        if len(raw_len) != 8:
-            raise BuildError(f"{path}: not a safetensors file (shorter than its 8-byte header length)")
-        (header_len,) = struct.unpack("<Q", raw_len)
-        if header_len > min(_MAX_HEADER_BYTES, size - 8):
-            raise BuildError(f"{path}: corrupt safetensors header (declared length {header_len} bytes)")
-        try:
-            header = json.loads(f.read(header_len))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise BuildError(f"{path}: corrupt safetensors header ({e})") from None
-    if not isinstance(header, dict):
-        raise BuildError(f"{path}: corrupt safetensors header (not a JSON object)")
-    data_start = 8 + header_len
+    """Parses one safetensors header and checks it as the safetensors library does on load: each
+    entry's dtype, shape and [begin, end) byte range, and ranges that tile the data exactly (in
+    offset order, each starting where the one before ends, the last at the end of the file), so
+    no two tensors share bytes, none reads past the file and no byte is left unaccounted for."""
+    header, data_start, size = _header_object(path)
     tensors = {}
     for name, entry in header.items():
         if name == "__metadata__":
+            if not isinstance(entry, dict) or not all(isinstance(v, str) for v in entry.values()):
+                raise BuildError(f"{path}: corrupt safetensors header (__metadata__ must map names to strings)")
             continue
-        try:
-            dtype = DTYPES[entry["dtype"]]
-            shape = tuple(int(d) for d in entry["shape"])
-            begin, end = (int(x) for x in entry["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise BuildError(f"{path}: unsupported or corrupt header entry for tensor {name!r}: {entry}") from None
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-        if end - begin != nbytes or begin < 0:
-            raise BuildError(f"{path}: tensor {name!r} spans {end - begin} bytes but {entry['dtype']}{list(shape)} needs {nbytes}")
+        dtype, shape, begin, end = _entry(path, name, entry)
+        nbytes = math.prod(shape) * dtype.itemsize  # Python ints: a huge shape cannot wrap around
+        if end - begin != nbytes:
+            raise BuildError(f"{path}: tensor {_short(name)} spans {end - begin} bytes but "
+                             f"{entry['dtype']}{_short(list(shape))} needs {nbytes}")
         if data_start + end > size:
-            raise BuildError(f"{path}: truncated file: tensor {name!r} ends at byte {data_start + end}, file has {size}")
+            raise BuildError(f"{path}: truncated file: tensor {_short(name)} ends at byte {data_start + end}, "
+                             f"file has {size}")
         tensors[name] = TensorInfo(name, dtype, shape, path, data_start + begin, nbytes)
+    _check_tiling(path, tensors, data_start, size)
     return tensors
+
+
+def _header_object(path: Path) -> tuple[dict, int, int]:
+    """(the JSON header, where the data starts, the file's size); an unreadable or cut-off file,
+    or a header that is not a JSON object, is one line."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            raw_len = f.read(8)
+            if len(raw_len) != 8:
+                raise BuildError(f"{path}: not a safetensors file (shorter than its 8-byte header length)")
+            (header_len,) = struct.unpack("<Q", raw_len)
+            if header_len > min(_MAX_HEADER_BYTES, size - 8):
+                raise BuildError(f"{path}: corrupt safetensors header (declared length {header_len} bytes)")
+            text = f.read(header_len)
+    except OSError as e:
+        raise BuildError(f"{path}: cannot read ({e.strerror or e})") from None
+    header = parse_json(text, path, "corrupt safetensors header")
+    if not isinstance(header, dict):
+        raise BuildError(f"{path}: corrupt safetensors header (not a JSON object)")
+    return header, 8 + header_len, size
+
+
+def _entry(path: Path, name: str, entry: object) -> tuple[np.dtype, tuple[int, ...], int, int]:
+    """(dtype, shape, begin, end) of one header entry, each of the type the format prescribes:
+    JSON integers, never negative, fractional, boolean or too large for a file (1e309, NaN)."""
+
+    def count(x: object) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2**64
+
+    if isinstance(entry, dict):
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if (isinstance(shape, list) and all(count(d) for d in shape) and isinstance(offsets, list)
+                and len(offsets) == 2 and all(count(x) for x in offsets) and offsets[0] <= offsets[1]):
+            if isinstance(dtype, str) and dtype in DTYPES:
+                return DTYPES[dtype], tuple(shape), offsets[0], offsets[1]
+            raise BuildError(f"{path}: tensor {_short(name)} has dtype {_short(dtype)}; supported: {', '.join(DTYPES)}")
+    raise BuildError(f"{path}: corrupt safetensors header entry for tensor {_short(name)}: {_short(entry)}")
+
+
+def _check_tiling(path: Path, tensors: dict[str, TensorInfo], data_start: int, size: int) -> None:
+    """The safetensors library's rule: sorted by their byte ranges, tensors start where the one
+    before ends (the first at 0) and the last ends at the end of the file. Two tensors sharing
+    bytes would otherwise alias each other silently."""
+    end, before = data_start, None
+    for info in sorted(tensors.values(), key=lambda t: (t.offset, t.nbytes)):
+        if info.offset != end:
+            where = f"tensor {_short(before)}, which ends at byte {end - data_start}" if before else "the data's start"
+            how = "overlaps" if info.offset < end else "leaves a gap after"
+            raise BuildError(f"{path}: corrupt safetensors header: tensor {_short(info.name)} (bytes "
+                             f"{info.offset - data_start}..{info.offset - data_start + info.nbytes}) {how} {where}")
+        end, before = info.offset + info.nbytes, info.name
+    if end != size:
+        raise BuildError(f"{path}: corrupt safetensors header: its tensors end at byte {end} but the file has "
+                         f"{size} (bytes no tensor accounts for)")
+
+
+def _short(value: object, limit: int = 80) -> str:
+    """repr(value), cut to `limit` characters: a message stays one readable line whatever the file holds."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def safetensors_files(folder: Path) -> list[Path]:
     """The checkpoint's weight files: those the index names, else every *.safetensors in the folder."""
     index = folder / INDEX_FILE
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise BuildError(f"{index}: not a valid safetensors index ({e})") from None
-        files = sorted({folder / f for f in weight_map.values()})
+        files = sorted({folder / name for name in _index_file_names(index)})
         missing = [f.name for f in files if not f.is_file()]
         if missing:
             raise BuildError(f"{index} names files that are missing: {', '.join(missing)}")
@@ -100,6 +148,27 @@ def safetensors_files(folder: Path) -> list[Path]:
             "convert them to safetensors first"
         )
     raise BuildError(f"{folder} has no *.safetensors weights")
+
+
+def _index_file_names(index: Path) -> set[str]:
+    """The file names an index's weight_map maps tensors to. Each must be a plain name in the index's
+    own folder: an absolute path or `../` would read (and copy into the output) files outside the
+    model folder, which build.yaml does not record."""
+    try:
+        raw = load_json(index, "not a valid safetensors index")
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BuildError(f"{index}: not a valid safetensors index ({e})") from None
+    except RecursionError:
+        raise BuildError(f"{index}: not a valid safetensors index (nested too deeply)") from None
+    weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise BuildError(f"{index}: not a valid safetensors index (weight_map must map tensor names to file names)")
+    names = set(weight_map.values())
+    for name in sorted(names):
+        if name in ("", ".", "..") or Path(name).name != name:
+            raise BuildError(f"{index}: weight_map names {name!r}, which is not a file of this folder "
+                             "(builder reads nothing outside the model folder)")
+    return names
 
 
 def read_headers(folder: str | os.PathLike) -> dict[str, TensorInfo]:

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
+import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from builder import config_file
 from builder.errors import BuildError
@@ -22,9 +27,34 @@ def _flag(name: str) -> str:
 GENAI_FLAGS = {"model": "--model_name", "execution_provider": "--execution_provider", "cache_dir": "--cache_dir"}
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: a BuildError instead of the usage block and exit, and a
+    mistyped flag answered with the closest one. --help is argparse's own."""
+
+    def error(self, message: str) -> NoReturn:
+        unrecognized = "unrecognized arguments: "
+        if message.startswith(unrecognized):
+            message = self._unrecognized(message[len(unrecognized):].split(" "))
+        raise BuildError(message)
+
+    def _unrecognized(self, words: list[str]) -> str:
+        # `--precison fp32` leaves both words over: name the flag, not its value.
+        flags = [w for w in words if w.startswith("-") and not w.lstrip("-").replace(".", "", 1).isdigit()] or words
+        message = f"unrecognized argument{'s' if len(flags) > 1 else ''} {' '.join(flags)}"
+        known = sorted(self._option_string_actions)
+        for flag in flags:
+            typed = flag.partition("=")[0]
+            # An abbreviation (refused: allow_abbrev=False) names what it abbreviates; a typo, the closest.
+            close = [o for o in known if o.startswith(typed) and typed.startswith("--")] or \
+                difflib.get_close_matches(typed, known, n=1)
+            if close:
+                return f"{message}; did you mean {' or '.join(close[:3])}?"
+        return message
+
+
 def parser() -> argparse.ArgumentParser:
     """Every BuildOptions field but `search` is a flag; only flags given on the line override the YAML."""
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m builder",
         description="Build an ONNX Runtime / onnxruntime-genai model from a Hugging Face decoder checkpoint.",
         argument_default=argparse.SUPPRESS,
@@ -78,13 +108,71 @@ def _describe(key: str) -> str:
     return _flag(key)
 
 
+# 128 + SIGPIPE: how a shell reports a writer whose reader left (`--dry-run | head -1`).
+BROKEN_PIPE = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = vars(parser().parse_args(argv))
+    """The command line; returns the exit code (0, 2 for an error, 3 for a failed --verify, 128 +
+    the signal for an interruption)."""
+    received: list[int] = []
+    restore = _interrupts_raise(received)
+    try:
+        return _main(argv, received)
+    except BrokenPipeError:
+        # stdout's reader is gone: stop quietly, as a process killed by SIGPIPE would. Pointing
+        # stdout at /dev/null keeps Python's own flush at exit from failing again.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass  # a stdout without a descriptor (captured): nothing is flushed to a pipe at exit
+        return BROKEN_PIPE
+    finally:
+        restore()
+
+
+def _interrupts_raise(received: list[int]) -> Callable[[], None]:
+    """SIGTERM (kill, a service manager, a scheduler's time limit) becomes what Ctrl-C is: a
+    KeyboardInterrupt, which removes the staging folder. The signal's number goes to `received`
+    for the exit code. A signal the caller ignores stays ignored (`nohup`, a background job's
+    SIGINT). Returns what restores the previous handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def interrupt(signum: int, _frame) -> None:
+        received.append(signum)
+        raise KeyboardInterrupt
+
+    previous = {}
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) not in (None, signal.SIG_IGN):
+            previous[signum] = signal.signal(signum, interrupt)
+
+    def restore() -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+    return restore
+
+
+def _say(text: str) -> None:
+    """Prints to stdout now, so that a closed pipe is found here (BrokenPipeError), not at exit."""
+    print(text)
+    sys.stdout.flush()
+
+
+def _main(argv: Sequence[str] | None, received: list[int]) -> int:
+    try:
+        args = vars(parser().parse_args(argv))
+    except BuildError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     flags = {k: args.pop(k) for k in CLI_ONLY if k in args}
     _setup_logging(flags["quiet"], flags["verbose"])
     if flags["list_architectures"]:
-        print(list_architectures())
+        _say(list_architectures())
         return 0
+    out = None
     try:
         if "extra_options" in flags:
             args = genai_extra_options(flags["extra_options"], args)
@@ -101,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
 
         if flags["dry_run"]:
-            print(dry_run(options))
+            _say(dry_run(options))
             return 0
         out = build(options, progress=not flags["quiet"])
         if flags["verify"]:
@@ -113,19 +201,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for verdict in verdicts:
                     print(verdict, file=sys.stderr)
             if not all(v.passed for v in verdicts):
-                print(out)
+                _say(str(out))
                 return VERIFY_FAILED
     except BuildError as e:
         if flags["debug"]:
             raise
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if flags["debug"]:
             raise
-        print("error: interrupted; nothing was written", file=sys.stderr)
-        return 130
-    print(out)
+        published = getattr(e, "folder", None)  # publish.InterruptedAfterPublishing: the build had finished
+        if published is not None:
+            print(f"error: interrupted; {published} was already complete", file=sys.stderr)
+        elif out is not None:
+            print(f"error: interrupted while verifying; {out} is built but not verified", file=sys.stderr)
+        else:
+            print("error: interrupted; nothing was written", file=sys.stderr)
+        return 128 + (received[-1] if received else signal.SIGINT)
+    _say(str(out))
     return 0
 
 

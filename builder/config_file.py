@@ -36,6 +36,10 @@ def read(path: str | Path) -> dict[str, Any]:
         where = getattr(e, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""
         raise BuildError(f"{path}: not valid YAML{at}") from None
+    except RecursionError:  # PyYAML composes nested collections recursively: [[[[...]]]] exhausts the stack
+        raise BuildError(f"{path}: not valid YAML (nested too deeply)") from None
+    except ValueError as e:  # an integer of more digits than int() takes (4300)
+        raise BuildError(f"{path}: not valid YAML ({e})") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):

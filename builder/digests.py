@@ -9,7 +9,8 @@ RTN build on two cores. Two kinds of input avoid it:
   path and trusted only while its size, inode, device, mtime and ctime are all unchanged (the
   ctime changes with any write and cannot be set back, as git's index relies on).
 The cache is an optimization only: when it cannot be read or written the file is hashed, and a
-file that changes while it is hashed, or was modified in the last seconds, is not remembered.
+file that changes while it is hashed, or was modified in the last seconds, is not remembered. A
+FIFO, folder or device at the cache path is skipped with a warning, never read or replaced.
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import json
+import logging
 import os
 import re
+import stat
 import tempfile
 import time
 from pathlib import Path
 
+log = logging.getLogger("builder")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 CACHE_NAME = "sha256.json"
 # A file modified less than this long before its hashing began is not remembered (git's "racily
@@ -70,23 +74,43 @@ def file_sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _load() -> dict[str, dict]:
+def usable_cache_path() -> Path | None:
+    """cache_path(), unless something other than a regular file is there: a FIFO would block the
+    read forever, and a folder or a device is not ours to replace. That is skipped with a warning."""
     path = cache_path()
     try:
-        entries = json.loads(path.read_text()) if path is not None else {}
+        mode = os.stat(path).st_mode if path is not None else None
+    except OSError:  # none yet, or unreadable: reading it fails harmlessly, writing creates it
+        return path
+    if mode is not None and not stat.S_ISREG(mode):
+        log.warning("warning: %s is not a regular file; input digests are not remembered there", path)
+        return None
+    return path
+
+
+def _load(path: Path | None) -> dict[str, dict]:
+    try:
+        if path is None:
+            return {}
+        # O_NONBLOCK: a FIFO put there after usable_cache_path() looked must not block the open.
+        with os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return {}
+            entries = json.loads(f.read())
     except Exception:  # noqa: BLE001 - whatever is wrong with the cache, the build hashes instead
         return {}
     return entries if isinstance(entries, dict) else {}
 
 
-def _store(new: dict[str, dict]) -> None:
+def _store(new: dict[str, dict], path: Path | None) -> None:
     """Merges `new` into the cache file, re-read just before (what another build wrote meanwhile
     is mostly kept; an entry lost to a race only means hashing that file again)."""
-    path = cache_path()
     if path is None:
         return
     try:
-        entries = _load()
+        if os.path.lexists(path) and not stat.S_ISREG(os.stat(path).st_mode):
+            return  # became a FIFO or a folder since usable_cache_path() looked: not ours to replace
+        entries = _load(path)
         for key in new:  # re-inserted at the end: the newest entries are the ones kept
             entries.pop(key, None)
         entries.update(new)
@@ -106,13 +130,17 @@ def _store(new: dict[str, dict]) -> None:
 
 def cached_sha256(files: list[Path]) -> dict[Path, str]:
     """The files whose digest is known without reading them (hub blobs, remembered files)."""
+    return _cached(files, usable_cache_path())
+
+
+def _cached(files: list[Path], cache: Path | None) -> dict[Path, str]:
     known, entries = {}, None
     for f in files:
         if blob := _blob_name(f):
             known[f] = blob
             continue
         if entries is None:
-            entries = _load()
+            entries = _load(cache)
         entry = entries.get(str(f.resolve()))
         try:
             if (isinstance(entry, dict) and entry.get("stat") == _stamp(f)
@@ -124,7 +152,8 @@ def cached_sha256(files: list[Path]) -> dict[Path, str]:
 
 
 def _hash_and_remember(files: list[Path]) -> dict[str, str]:
-    known = cached_sha256(files)
+    cache = usable_cache_path()
+    known = _cached(files, cache)
     digests, remembered = {}, {}
     for f in sorted(files):
         if f in known:
@@ -140,7 +169,7 @@ def _hash_and_remember(files: list[Path]) -> dict[str, str]:
         if _stamp(f) == before and started - max(before[3], before[4]) > RECENT_NS:
             remembered[str(f.resolve())] = {"stat": before, "sha256": digests[f.name]}
     if remembered:
-        _store(remembered)
+        _store(remembered, cache)
     return digests
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,16 @@ def write_genai_files(source: Path, dest: Path, config: dict[str, Any]) -> list[
     copied = []
     for name in TOKENIZER_FILES:
         if (source / name).is_file():
-            shutil.copyfile(source / name, dest / name)
+            copy_content(source / name, dest / name)
             copied.append(name)
     return copied
+
+
+def copy_content(source: Path, dest: Path) -> None:
+    """Copies the bytes of `source` into a new file `dest` that others can read no more than the
+    source: created with its group and other permission bits (the owner's read and write always),
+    the umask applying as to any new file. shutil.copyfile creates 0666 less the umask, so a private
+    (0600) file became 0644."""
+    mode = os.stat(source).st_mode & 0o066 | 0o600
+    with open(source, "rb") as src, open(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "wb") as out:
+        shutil.copyfileobj(src, out)

@@ -1,8 +1,10 @@
 """GGUF files (llama.cpp's format) read as a Checkpoint: Hugging Face tensor names, lazy weights,
 and the config.json that the file's metadata implies.
 
-The `gguf` package parses the header (metadata, tensor names, types, shapes and offsets); each
-tensor's bytes are then mapped only while it is written, like a safetensors slice. Names follow
+builder/gguf_header.py reads the header (metadata, tensor names, types, shapes and offsets), every
+count checked against the file's size; each tensor's bytes are then mapped only while it is written,
+like a safetensors slice. The metadata config.json is made from is checked for type and range, the
+layer count against the tensors present, before anything is sized by it. Names follow
 llama.cpp's (`blk.3.attn_q.weight`) and are mapped back to transformers' (`model.layers.3.self_attn.
 q_proj.weight`), undoing what llama.cpp's converter (convert_hf_to_gguf.py) changed on the way in:
 Llama's q/k rows permuted for its rotary layout (transformers' LlamaTensorProcessor reverses it the
@@ -29,8 +31,11 @@ int4 sizes builds from the float checkpoint, where int4 rounds the original weig
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import math
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,9 +44,12 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from builder import gguf_header
 from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
 from builder.gguf_blocks import LAYOUT, WITH_MINIMUM, gguf_blocks
+from builder.gguf_header import TensorEntry
+from builder.gguf_tokenizer import check_tokenizer_metadata
 from builder.lazy import Weight
 from builder.mapping import TensorInfo, mapped
 
@@ -182,31 +190,28 @@ class GGUFCheckpoint(Checkpoint):
     def open_file(cls, path: str | os.PathLike) -> tuple[dict[str, Any], GGUFCheckpoint, dict[str, Any]]:
         """(config.json's equivalent, the checkpoint, the file's metadata) for a GGUF file."""
         path = Path(path)
-        try:
-            from gguf import GGUFReader
-        except ImportError:
-            raise BuildError("reading a GGUF file needs the gguf package (pip install gguf)") from None
-        try:
-            reader = GGUFReader(path, "r")
-        except (ValueError, OSError) as e:
-            raise BuildError(f"{path}: not a readable GGUF file ({e})") from None
-        metadata = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("GGUF.")}
-        entries = [(t.name, t.tensor_type.name, tuple(int(d) for d in reversed(t.shape)), int(t.data_offset),
-                    int(t.n_bytes)) for t in reader.tensors if t.name not in ROPE_TENSORS]
-        rope = {ROPE_TENSORS[t.name]: rope_values(path, t) for t in reader.tensors if t.name in ROPE_TENSORS}
-        del reader  # its memory map of the whole file closes with it
+        if importlib.util.find_spec("gguf") is None:  # its type table and dequantization are used
+            raise BuildError("reading a GGUF file needs the gguf package (pip install gguf)")
+        header = gguf_header.read(path)
+        metadata = header.metadata
+        entries = [(t.name, t.kind, t.shape, t.offset, t.nbytes) for t in header.tensors if t.name not in ROPE_TENSORS]
+        rope = {ROPE_TENSORS[t.name]: rope_values(path, t) for t in header.tensors if t.name in ROPE_TENSORS}
         arch = metadata.get("general.architecture")
-        if arch not in FAMILIES:
-            raise BuildError(f"{path}: GGUF architecture {arch!r} is not supported; supported: "
+        if not isinstance(arch, str) or arch not in FAMILIES:
+            raise BuildError(f"{path}: GGUF architecture {arch!r:.80} is not supported; supported: "
                              f"{', '.join(sorted(FAMILIES))}")
         check_types(path, entries)
         names = {e[0] for e in entries}
+        check_layer_count(path, metadata, arch, names)  # before config() sizes anything by it
+        check_values(metadata, arch, path)
+        check_sizes(path, metadata, arch, max(max(shape) for _, _, shape, _, _ in entries))
+        check_tokenizer_metadata(path, metadata)  # now, not when the tokenizer is written after the weights
         raw = config(metadata, arch, names, rope)
         tensors = {}
         for name, kind, shape, offset, nbytes in entries:
             hf = hf_name(name, FAMILIES[arch])
             if hf is None:
-                raise BuildError(f"{path}: tensor {name!r} has no Hugging Face counterpart for {arch} "
+                raise BuildError(f"{path}: tensor {name!r:.80} has no Hugging Face counterpart for {arch} "
                                  "(not supported yet)")
             rows = shape[0] if len(shape) > 1 else 1
             info = TensorInfo(hf, FLOAT.get(kind, np.dtype(np.uint8)),
@@ -214,6 +219,9 @@ class GGUFCheckpoint(Checkpoint):
             order = None
             if FAMILIES[arch].permute_qk and hf.endswith(("q_proj.weight", "k_proj.weight")):
                 heads = raw["num_attention_heads"] if "q_proj" in hf else raw["num_key_value_heads"]
+                if len(shape) != 2 or shape[0] % (2 * heads):
+                    raise BuildError(f"{path}: tensor {name} has shape {list(shape)}; llama.cpp's q/k row order "
+                                     f"needs an even number of rows per head for {heads} heads")
                 order = unpermute_rows(shape[0], heads)
             shift = FAMILIES[arch].norm_shift if hf.endswith("norm.weight") else 0.0
             tensors[hf] = GGUFTensor(info, kind, shape, order, shift)
@@ -269,14 +277,94 @@ ROPE_TENSORS = {"rope_freqs.weight": "freq_factors", "rope_factors_long.weight":
                 "rope_factors_short.weight": "short_factor"}
 
 
-def rope_values(path: Path, tensor) -> list[float]:
-    if tensor.tensor_type.name not in FLOAT:
-        raise BuildError(f"{path}: {tensor.name} is {tensor.tensor_type.name}, not a float tensor")
-    return [float(v) for v in np.asarray(tensor.data, dtype=np.float32).reshape(-1)]
+def rope_values(path: Path, tensor: TensorEntry) -> list[float]:
+    """A rotary scaling tensor's factors: finite and positive (each divides a frequency)."""
+    if tensor.kind not in FLOAT:
+        raise BuildError(f"{path}: {tensor.name} is {tensor.kind}, not a float tensor")
+    info = TensorInfo(tensor.name, FLOAT[tensor.kind], tensor.shape, path, tensor.offset, tensor.nbytes)
+    with mapped(info) as values:
+        factors = values.astype(np.float32).reshape(-1)
+    if not (np.isfinite(factors).all() and (factors > 0).all()):
+        raise BuildError(f"{path}: {tensor.name} holds factors that are not positive finite numbers")
+    return factors.tolist()
+
+
+_LAYER = re.compile(r"blk\.([0-9]+)\.")
+
+
+def check_layer_count(path: Path, metadata: dict[str, Any], arch: str, names: set[str]) -> None:
+    """Refuses a block_count that disagrees with the layers the tensors are for (blk.0 ... blk.N-1),
+    before anything is sized by it: a corrupt count of 10^9 would otherwise allocate per-layer lists."""
+    key = f"{arch}.block_count"
+    count = _one(metadata.get(key))
+    if not _is_int(count) or count < 1:
+        raise BuildError(f"{path}: {key} must be a positive integer, got {count!r:.80}")
+    layers = {int(m.group(1)) for m in map(_LAYER.match, names) if m}
+    if len(layers) != count or min(layers) != 0 or max(layers) != count - 1:
+        held = f"layers {min(layers)} to {max(layers)} ({len(layers)} of them)" if layers else "no layer"
+        raise BuildError(f"{path}: {key} is {count} but the file has tensors for {held}")
 
 
 def _one(value: Any) -> Any:
     return value[0] if isinstance(value, list) and len(value) == 1 else value
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+# What config() reads from `{arch}.<key>`, by what it must hold where the file has it: sizes and
+# counts (divisors, list lengths) positive integers, scales positive finite numbers (a NaN epsilon
+# builds a model of NaNs, a zero one divides by zero).
+POSITIVE_INTS = ("block_count", "embedding_length", "feed_forward_length", "attention.head_count",
+                 "attention.head_count_kv", "context_length", "attention.key_length", "rope.dimension_count",
+                 "vocab_size", "rope.scaling.original_context_length")
+POSITIVE_NUMBERS = ("attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.freq_base_swa", "rope.scaling.factor",
+                    "rope.scaling.attn_factor", "attn_logit_softcapping", "final_logit_softcapping")
+TOKEN_IDS = ("bos_token_id", "eos_token_id", "padding_token_id")
+# Widths that are some tensor's dimension, or less.
+SIZES = ("embedding_length", "feed_forward_length", "attention.head_count", "attention.head_count_kv",
+         "attention.key_length", "rope.dimension_count", "vocab_size")
+
+
+def check_sizes(path: Path, metadata: dict[str, Any], arch: str, largest: int) -> None:
+    """Refuses a width no tensor has: each of these sizes is some tensor's dimension or less, and a
+    corrupt one of 10^9 would size arrays (the rotary tables) before any tensor's shape is checked."""
+    for name in SIZES:
+        value = _one(metadata.get(f"{arch}.{name}", 0))
+        if value > largest:
+            raise BuildError(f"{path}: the GGUF metadata's {arch}.{name} is {value}, larger than any tensor "
+                             f"dimension ({largest})")
+
+
+def check_values(metadata: dict[str, Any], arch: str, path: Path | None = None) -> None:
+    """Refuses, naming the metadata key (and the file, if given), a value config() reads that has
+    the wrong type or range."""
+    where = f"{path}: " if path else ""
+
+    def refuse(key: str, want: str) -> BuildError:
+        return BuildError(f"{where}the GGUF metadata's {key} must be {want}, got {metadata[key]!r:.80}")
+
+    if isinstance(metadata.get(f"{arch}.attention.head_count_kv"), list) and \
+            len(metadata[f"{arch}.attention.head_count_kv"]) > 1:
+        raise BuildError(f"{where}this GGUF has a per-layer key/value head count, which builder does not read")
+    for name in POSITIVE_INTS:
+        value = _one(metadata.get(f"{arch}.{name}", 1))
+        if not _is_int(value) or value < 1:
+            raise refuse(f"{arch}.{name}", "a positive integer")
+    for name in POSITIVE_NUMBERS:
+        value = _one(metadata.get(f"{arch}.{name}", 1.0))
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0):
+            raise refuse(f"{arch}.{name}", "a positive finite number")
+    window = _one(metadata.get(f"{arch}.attention.sliding_window", 0))
+    if not _is_int(window) or window < 0:
+        raise refuse(f"{arch}.attention.sliding_window", "an integer of at least 0")
+    if not isinstance(metadata.get(f"{arch}.rope.scaling.type", ""), str):
+        raise refuse(f"{arch}.rope.scaling.type", "a string")
+    for name in TOKEN_IDS:
+        value = _one(metadata.get(f"tokenizer.ggml.{name}", 0))
+        if not _is_int(value) or not 0 <= value < 2**31:
+            raise refuse(f"tokenizer.ggml.{name}", "a token id (an integer from 0)")
 
 
 def config(metadata: dict[str, Any], arch: str, tensor_names: set[str],
@@ -289,6 +377,7 @@ def config(metadata: dict[str, Any], arch: str, tensor_names: set[str],
     def key(name: str, default: Any = None) -> Any:
         return _one(metadata.get(f"{arch}.{name}", default))
 
+    check_values(metadata, arch)
     rope_tensors = rope_tensors or {}
     family = FAMILIES[arch]
     tokens = metadata.get("tokenizer.ggml.tokens")
@@ -306,6 +395,14 @@ def config(metadata: dict[str, Any], arch: str, tensor_names: set[str],
         "vocab_size": key("vocab_size", len(tokens) if tokens is not None else None),
         "tie_word_embeddings": "output.weight" not in tensor_names,
     }
+    missing = [k for k, v in raw.items() if v is None]
+    if missing:
+        raise BuildError(f"the GGUF metadata lacks what {', '.join(missing)} is read from "
+                         f"({arch}.block_count, .embedding_length, ...)")
+    per_head = raw["hidden_size"] // raw["num_attention_heads"]
+    if per_head == 0:
+        raise BuildError(f"the GGUF metadata's {arch}.embedding_length ({raw['hidden_size']}) is smaller than its "
+                         f"{arch}.attention.head_count ({raw['num_attention_heads']})")
     head_dim = key("attention.key_length")
     if head_dim is None and arch == "llama":
         head_dim = key("rope.dimension_count")
@@ -317,17 +414,17 @@ def config(metadata: dict[str, Any], arch: str, tensor_names: set[str],
     if raw.get("sliding_window") == 0:  # Phi-3's converter writes 0 for "none" (Phi-4)
         del raw["sliding_window"]
     if family.layers_27b is not None:
-        per_head = raw["hidden_size"] // raw["num_attention_heads"]
         raw["query_pre_attn_scalar"] = per_head if raw["num_hidden_layers"] == family.layers_27b else head_dim
         if "sliding_window" not in raw:  # Gemma 3's converter writes none for sliding_window_pattern 1: all global
             raw["layer_types"] = ["full_attention"] * raw["num_hidden_layers"]
     rope_dims = key("rope.dimension_count")
     if family.partial_rotary and rope_dims is not None:  # partial rotary (Phi-4-mini): rotated dims per head
-        raw["partial_rotary_factor"] = rope_dims / (raw["hidden_size"] // raw["num_attention_heads"])
-    if isinstance(raw["num_key_value_heads"], list):
-        raise BuildError("this GGUF has a per-layer key/value head count, which builder does not read")
+        raw["partial_rotary_factor"] = rope_dims / per_head
     scaling = key("rope.scaling.type")
     if scaling not in (None, "none"):
+        if key("rope.scaling.factor") is None:
+            raise BuildError(f"the GGUF metadata's {arch}.rope.scaling.type is {scaling!r:.80} but it has no "
+                             f"{arch}.rope.scaling.factor")
         rope = {"rope_type": scaling, "factor": key("rope.scaling.factor")}
         if key("rope.scaling.original_context_length") is not None:
             rope["original_max_position_embeddings"] = key("rope.scaling.original_context_length")
@@ -339,6 +436,10 @@ def config(metadata: dict[str, Any], arch: str, tensor_names: set[str],
         if set(rope_tensors) != {"long_factor", "short_factor"} or "original_max_position_embeddings" not in raw:
             raise BuildError("a LongRoPE GGUF needs rope_factors_long, rope_factors_short and "
                              f"{arch}.rope.scaling.original_context_length")
+        pairs = (rope_dims or head_dim or per_head) // 2  # one factor per rotated pair of dimensions
+        if not len(rope_tensors["long_factor"]) == len(rope_tensors["short_factor"]) == pairs:
+            raise BuildError(f"rope_factors_long and rope_factors_short hold {len(rope_tensors['long_factor'])} and "
+                             f"{len(rope_tensors['short_factor'])} factors; the rotary dimensions need {pairs}")
         raw["rope_scaling"] = {"rope_type": "longrope", "long_factor": rope_tensors["long_factor"],
                                "short_factor": rope_tensors["short_factor"]}
         if key("rope.scaling.attn_factor") is not None:
@@ -346,9 +447,5 @@ def config(metadata: dict[str, Any], arch: str, tensor_names: set[str],
     for name, meta in (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"),
                        ("pad_token_id", "padding_token_id")):
         value = _one(metadata.get(f"tokenizer.ggml.{meta}"))
-        raw[name] = None if value is None else int(value)
-    missing = [k for k, v in raw.items() if v is None and not k.endswith("token_id")]
-    if missing:
-        raise BuildError(f"the GGUF metadata lacks what {', '.join(missing)} is read from "
-                         f"({arch}.block_count, .embedding_length, ...)")
+        raw[name] = value
     return {k: v for k, v in raw.items() if v is not None}

@@ -16,6 +16,7 @@ into pieces depends on the family, as there:
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 GEMMA = ("gemma", "gemma2", "gemma3")
@@ -34,9 +35,14 @@ def merges(tokens: list[str], scores: dict[str, float]) -> list[list[str]]:
     """Every split of a piece into two pieces of the vocabulary, best-scored piece first, then by
     longer left and right halves; within a piece, by the halves' ids (generate_merges' order)."""
     ids = {t: i for i, t in enumerate(tokens)}
+    lengths = sorted({len(t) for t in tokens})
     found = []
     for piece, score in scores.items():
-        pairs = [(piece[:k], piece[k:]) for k in range(1, len(piece)) if piece[:k] in ids and piece[k:] in ids]
+        # Both halves are pieces shorter than this one, so at most `shorter` long: a piece longer than
+        # the rest is not cut at each of its characters (a 10^5-character one would take 10^10 steps).
+        shorter = lengths[bisect.bisect_left(lengths, len(piece)) - 1] if lengths[0] < len(piece) else 0
+        cuts = range(max(1, len(piece) - shorter), min(len(piece) - 1, shorter) + 1)
+        pairs = [(piece[:k], piece[k:]) for k in cuts if piece[:k] in ids and piece[k:] in ids]
         pairs.sort(key=lambda p: (ids[p[0]], ids[p[1]]))
         found.extend((left, right, score) for left, right in pairs)
     found.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)  # stable: ties keep their order

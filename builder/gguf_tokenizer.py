@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
+from builder.errors import BuildError
 from builder.gguf_sentencepiece import GEMMA, sentencepiece
 
 log = logging.getLogger("builder")
@@ -41,6 +43,38 @@ SPLITS = {
 CONTROL, USER_DEFINED = 3, 4  # llama.cpp's token types
 SPECIAL = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",
            "pad_token": "padding_token_id"}
+
+
+def check_tokenizer_metadata(path: Path, meta: dict[str, Any]) -> None:
+    """Refuses, naming the key, tokenizer metadata of the wrong type or out of range, before the
+    build (the tokenizer is written after the weights): tokens, types and scores one per token,
+    merges of two pieces, special ids of existing tokens."""
+
+    def refuse(key: str, want: str) -> BuildError:
+        return BuildError(f"{path}: the GGUF metadata's {key} must be {want}")
+
+    for key in ("tokenizer.ggml.model", "tokenizer.ggml.pre", "tokenizer.chat_template", "general.architecture"):
+        if not isinstance(meta.get(key, ""), str):
+            raise refuse(key, "a string")
+    tokens = meta.get("tokenizer.ggml.tokens", [])
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise refuse("tokenizer.ggml.tokens", "a list of strings")
+    for key, kind, want in (("tokenizer.ggml.token_type", int, "integers"),
+                            ("tokenizer.ggml.scores", (int, float), "finite numbers")):
+        values = meta.get(key)
+        if values is None:
+            continue
+        if not (isinstance(values, list) and len(values) == len(tokens)
+                and all(isinstance(v, kind) and not isinstance(v, bool) and math.isfinite(v) for v in values)):
+            raise refuse(key, f"a list of {want}, one per token ({len(tokens)})")
+    merges = meta.get("tokenizer.ggml.merges", [])
+    if not isinstance(merges, list) or not all(isinstance(m, str) and len(m.split(" ")) == 2 for m in merges):
+        raise refuse("tokenizer.ggml.merges", "a list of strings, each two pieces with a space between")
+    for key in SPECIAL.values():
+        token_id = meta.get(f"tokenizer.ggml.{key}")
+        if token_id is not None and tokens and not (isinstance(token_id, int) and not isinstance(token_id, bool)
+                                                    and 0 <= token_id < len(tokens)):
+            raise refuse(f"tokenizer.ggml.{key}", f"the id of one of its {len(tokens)} tokens, not {token_id!r:.40}")
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -84,7 +118,7 @@ def _byte_level(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
              "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
              "vocab": vocab, "merges": merges}
     decoder = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
-    tokenizer = _tokenizer_json(added, None, pre, decoder, model, config, add_bos, add_eos)
+    tokenizer = _tokenizer_json(added, None, pre, decoder, model, config, ids, add_bos, add_eos)
     return tokenizer, {"add_bos_token": add_bos, "add_eos_token": add_eos, **config, "tokenizer_class": "GPT2Tokenizer"}
 
 
@@ -113,22 +147,23 @@ def _sentencepiece(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True))
     add_eos = bool(meta.get("tokenizer.ggml.add_eos_token"))
     tokenizer = _tokenizer_json(added, parts["normalizer"], parts["pre_tokenizer"], parts["decoder"], parts["model"],
-                                config, add_bos, add_eos)
+                                config, ids, add_bos, add_eos)
     return tokenizer, {"add_bos_token": add_bos, "add_eos_token": add_eos, **config,
                        "tokenizer_class": parts["tokenizer_class"]}
 
 
 def _tokenizer_json(added: dict[int, dict[str, Any]], normalizer: Any, pre: Any, decoder: Any, model: dict[str, Any],
-                    config: dict[str, Any], add_bos: bool, add_eos: bool) -> dict[str, Any]:
-    """tokenizer.json, with the post-processor that adds BOS / EOS as the file asks."""
+                    config: dict[str, Any], ids: dict[str, int | None], add_bos: bool, add_eos: bool) -> dict[str, Any]:
+    """tokenizer.json, with the post-processor that adds BOS / EOS (`config`'s tokens, `ids` their
+    ids in the file, by role) as the file asks."""
 
     def template(seq: str, type_id: int) -> list[dict[str, Any]]:
         bos = [{"SpecialToken": {"id": config["bos_token"], "type_id": type_id}}] if add_bos and config["bos_token"] else []
         eos = [{"SpecialToken": {"id": config["eos_token"], "type_id": type_id}}] if add_eos and config["eos_token"] else []
         return [*bos, {"Sequence": {"id": seq, "type_id": type_id}}, *eos]
 
-    used = {config[n] for n, flag in (("bos_token", add_bos), ("eos_token", add_eos)) if flag and config[n]}
-    vocab = model["vocab"]
+    # By the file's id: a token spelled outside the byte alphabet has another key in the vocabulary.
+    used = {config[n]: ids[n] for n, flag in (("bos_token", add_bos), ("eos_token", add_eos)) if flag and config[n]}
     return {
         "version": "1.0", "truncation": None, "padding": None,
         "added_tokens": [added[i] for i in sorted(added)],
@@ -136,7 +171,7 @@ def _tokenizer_json(added: dict[int, dict[str, Any]], normalizer: Any, pre: Any,
         "pre_tokenizer": pre,
         "post_processor": {"type": "TemplateProcessing", "single": template("A", 0),
                            "pair": template("A", 0) + template("B", 1),
-                           "special_tokens": {t: {"id": t, "ids": [vocab[t]], "tokens": [t]} for t in sorted(used)}},
+                           "special_tokens": {t: {"id": t, "ids": [used[t]], "tokens": [t]} for t in sorted(used)}},
         "decoder": decoder,
         "model": model,
     }

@@ -43,12 +43,13 @@ def _missing_folder(model: str, why: str) -> BuildError | None:
     return None
 
 
-def _did_you_mean(path: Path) -> str:
+def _did_you_mean(path: Path, suffix: str | None = None) -> str:
+    """The closest folder beside `path` (or file ending in `suffix`), as a hint."""
     if not path.parent.is_dir():
         return ""
     import difflib
 
-    names = [p.name for p in path.parent.iterdir() if p.is_dir()]
+    names = [p.name for p in path.parent.iterdir() if (p.is_file() and p.suffix == suffix if suffix else p.is_dir())]
     close = difflib.get_close_matches(path.name, names, n=1)
     return f"; did you mean {path.parent / close[0]}?" if close else ""
 
@@ -64,6 +65,8 @@ def resolve(model: str, revision: str | None = None, cache_dir: str | None = Non
         return path
     if path.exists():
         raise BuildError(f"{model} is a file; --model takes a folder, a .gguf file or a Hugging Face id")
+    if path.suffix == ".gguf":  # a GGUF checkpoint is a local file; hub ids name repositories
+        raise BuildError(f"{model}: no such file" + _did_you_mean(path, ".gguf"))
     if _looks_like_path(model):
         raise BuildError(f"{model}: no such folder" + _did_you_mean(path))
     # Imported here: huggingface_hub costs start-up time that local builds need not pay.

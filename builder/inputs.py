@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from builder import awq_gptq, fp8, gguf_checkpoint, hub, lora
+from builder import awq_gptq, fp8, gguf_checkpoint, hub, lora, trust
 from builder.checkpoint import Checkpoint
 from builder.hf_config import read_json
 from builder.options import BuildOptions
@@ -37,7 +37,10 @@ class Input:
 
 
 def read_input(folder: Path) -> Input:
-    """The config and the format of `folder`; reads config.json or a GGUF header, no tensor."""
+    """The config and the format of `folder`; reads config.json or a GGUF header, no tensor.
+    First of all, a folder's links are checked: nothing outside it is read (builder/trust.py)."""
+    if folder.is_dir():
+        trust.check_folder(folder)
     gguf = gguf_checkpoint.find(folder)
     if gguf is not None:
         raw, checkpoint, metadata = gguf_checkpoint.GGUFCheckpoint.open_file(gguf)

@@ -11,6 +11,13 @@ write time, computes W + s·(B @ A) in float32 (transposed for an Embedding or a
 Conv1D, as peft's get_delta_weight does), one matrix at a time, so architectures need no change and
 a quantized build rounds the merged weight. s is lora_alpha / r (lora_alpha / √r with use_rslora),
 r being each module's own rank (A's rows), which is how peft applies a rank_pattern.
+
+A merged weight keeps the base tensor's dtype, as in peft's merged model: merge_and_unload adds the
+float32 delta into the base weight in place, so a bf16 or fp16 base's merged weight is W + s·B·A
+rounded once to bf16 or fp16 (an Embedding's delta is rounded to it before the add, as peft's
+Embedding.merge does), and a modules_to_save replacement is loaded into the base's dtype too. So
+merged and untouched weights share one dtype (peft's default Llama targets, q and v only, fuse with
+the untouched k), and every precision is built from the very weights peft's merged model holds.
 """
 
 from __future__ import annotations
@@ -25,10 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from builder.checkpoint import Checkpoint, read_header
+from builder.checkpoint import DTYPES, Checkpoint, read_header
 from builder.errors import BuildError
+from builder.hf_config import load_json
 from builder.lazy import Weight
 from builder.mapping import mapped
+from builder.trust import check_folder
 
 __all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "Adapter", "LoraCheckpoint"]
 
@@ -88,10 +97,12 @@ class Adapter:
     def open(cls, folder: str | os.PathLike) -> Adapter:
         folder = Path(folder)
         config_path, weights = folder / CONFIG_FILE, folder / WEIGHTS_FILE
+        if folder.is_dir():
+            check_folder(folder, "adapter folder")  # before anything in it is read
         if not config_path.is_file():
             raise BuildError(f"--adapter {folder}: no {CONFIG_FILE} (a PEFT adapter folder holds it and {WEIGHTS_FILE})")
         try:
-            config = json.loads(config_path.read_text())
+            config = load_json(config_path)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise BuildError(f"{config_path}: not valid JSON ({e})") from None
         if not isinstance(config, dict):
@@ -109,9 +120,11 @@ class Adapter:
         if unknown:
             raise BuildError(f"{config_path}: unsupported setting {unknown[0]}={config[unknown[0]]!r}; builder "
                              "merges plain LoRA")
-        for key in ("r", "lora_alpha"):
-            if not isinstance(config.get(key), (int, float)) or isinstance(config.get(key), bool) or config[key] <= 0:
-                raise BuildError(f"{config_path}: {key} must be a positive number, got {config.get(key)!r}")
+        r, alpha = config.get("r"), config.get("lora_alpha")
+        if not isinstance(r, int) or isinstance(r, bool) or r <= 0:
+            raise BuildError(f"{config_path}: r must be a positive integer, got {r!r}")
+        if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0 < alpha < math.inf:
+            raise BuildError(f"{config_path}: lora_alpha must be a positive finite number, got {alpha!r}")
         if not weights.is_file():
             if (folder / "adapter_model.bin").is_file():
                 raise BuildError(f"{folder} holds only adapter_model.bin (pickle); builder never unpickles: save the "
@@ -148,6 +161,19 @@ def _partner(name: str, kind: str, other: str) -> str:
     return ".".join(other if p == kind else p for p in parts)
 
 
+def _is_float(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" or dtype == DTYPES["BF16"]
+
+
+def _check_factors(tensors: Checkpoint, a_name: str, b_name: str) -> None:
+    """Refuses, when the adapter is opened, a pair that is not LoRA's two factors A [r, in] and
+    B [out, r] with one rank r >= 1 (a merge would otherwise fail at write time, or divide by r = 0)."""
+    a, b = tensors.info(a_name).shape, tensors.info(b_name).shape
+    if len(a) != 2 or len(b) != 2 or b[1] != a[0] or a[0] < 1:
+        raise BuildError(f"adapter tensors {a_name} {list(a)} and {b_name} {list(b)} are not LoRA factors "
+                         "(A [r, in] and B [out, r], of one rank r >= 1)")
+
+
 class LoraCheckpoint:
     """The base checkpoint with the adapter merged in: the same interface, other values.
 
@@ -175,6 +201,7 @@ class LoraCheckpoint:
                 partner = _partner(name, kind, partner_kind)
                 if partner not in names:
                     raise BuildError(f"adapter tensor {name!r} has no {partner_kind} partner {partner!r}")
+                _check_factors(adapter.tensors, name, partner)
                 self.deltas[f"{module}.weight"] = (name, partner, transposed)
             elif _partner(name, kind, kind[:-1] + "A") not in names:
                 raise BuildError(f"adapter tensor {name!r} has no {kind[:-1]}A partner")
@@ -197,6 +224,9 @@ class LoraCheckpoint:
             self.adapter.tensors.weight(saved)  # marks it used (and checks it is floating point)
             # Named after the base tensor it stands for, so layer patterns and records see that name.
             w = Weight.source(info.shape, info.dtype, lambda stack: stack.enter_context(mapped(info)), name)
+            base_dtype = self.base.info(name).dtype
+            if _is_float(base_dtype):  # peft loads the replacement into a copy of the base module
+                w = w.astype(base_dtype)
         else:
             w = self.base.weight(name, shape, packed)
         if name not in self.deltas:
@@ -212,15 +242,19 @@ class LoraCheckpoint:
                              f"{name} {list(w.shape)}")
         scale = np.float32(self.adapter.scale(r))
         flip = delta_shape != (b.shape[0], a.shape[1])
+        dtype = w.dtype  # the merged weight's, as in peft's merged model (module docstring)
+        work = np.result_type(dtype, np.float32)  # float32, or a float64 base's own
 
         def merge(base: np.ndarray) -> np.ndarray:
             delta = b.numpy().astype(np.float32) @ a.numpy().astype(np.float32)  # (N, r) @ (r, K) -> (N, K)
             delta *= scale
-            out = base.astype(np.float32)
+            if transposed:  # peft's Embedding.merge rounds the delta to the base dtype before adding it
+                delta = delta.astype(dtype).astype(work)
+            out = base.astype(work)
             out += delta.T if flip else delta
-            return out
+            return out.astype(dtype, copy=False)  # one rounding of the sum, as peft's in-place add
 
-        return w.map(merge, np.float32)  # a pre-quantized base's blocks are dropped: the merge changes them
+        return w.map(merge, dtype)  # a pre-quantized base's blocks are dropped: the merge changes them
 
     def same_values(self, a: str, b: str, rows_per_chunk: int = 4096) -> bool:
         changed = set(self.deltas) | set(self.replaced)

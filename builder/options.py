@@ -17,7 +17,7 @@ import numpy as np
 
 from builder.errors import BuildError
 from builder.quantize import BLOCK_SIZES
-from builder.target import Quantization, Target
+from builder.target import BITS_DEFAULTS, Quantization, Target
 
 PRECISIONS = ("int4", "int8", "fp16", "bf16", "fp32")
 QUANTIZED = {"int4": 4, "int8": 8}
@@ -42,14 +42,11 @@ QUANTIZATION_DEFAULTS: dict[str, Any] = {
     "block_size": 32, "symmetric": None, "accuracy_level": None, "exclude_lm_head": False,
     "quantize_embeddings": False, "float_layers": [], "quant_method": None, "int8_layers": [], "mixed": False,
 }
-# The defaults that depend on the precision. Round-to-nearest, symmetric, for both: the scale
-# search (--quant-method search --asymmetric) halves int4's perplexity increase on SmolLM2-135M
-# (docs/BENCHMARKS.md), but even with the compiled kernel a build with it takes about 1.9× RTN's
-# CPU time (not yet within 2× the I/O floor), and gpt-oss's QMoE experts refuse zero points, so
-# an asymmetric default would fail those builds unless they fell back to symmetric.
+# The defaults that depend on the precision: Quantization's own (builder.target.BITS_DEFAULTS), so
+# a build from the command line and one from Python quantize alike.
 PRECISION_DEFAULTS: dict[str, dict[str, Any]] = {
-    "int4": {"quant_method": "search", "symmetric": False},
-    "int8": {"quant_method": "rtn", "symmetric": True},
+    precision: {"quant_method": BITS_DEFAULTS[bits]["method"], "symmetric": BITS_DEFAULTS[bits]["symmetric"]}
+    for precision, bits in (("int4", 4), ("int8", 8))
 }
 QUANT_METHODS = ("rtn", "search")
 # genai_config.json "search" keys a build may set, and their types.
@@ -98,7 +95,8 @@ class BuildOptions:
     revision: str | None = option(None, str, "hub revision (branch, tag or commit)")
     adapter: str | None = option(None, str, "PEFT LoRA adapter (folder or Hugging Face id) merged into the base "
                                  "weights before any quantization")
-    overwrite: bool = option(False, bool, "replace an existing non-empty output folder")
+    overwrite: bool = option(False, bool, "replace a previous build's output folder (only one builder wrote: its "
+                             "build.yaml record and nothing but files a build writes)")
     bits: int | None = option(None, int, "quantized weight bits (4 or 8); the same as -p int4 / int8", (4, 8))
     block_size: int | None = option(None, int, "int4/int8: elements of K per scale (default 32)", BLOCK_SIZES)
     symmetric: bool | None = option(None, bool, "int4/int8: per-block zero points (default: int4 asymmetric, int8 symmetric)",
@@ -221,7 +219,11 @@ class BuildOptions:
         known = {f.name for f in dataclasses.fields(cls)}
         for key in values:
             if key not in known:
-                raise OptionError(key, f"unknown key; known keys: {', '.join(sorted(known))}")
+                import difflib
+
+                close = difflib.get_close_matches(str(key), known, n=1)
+                raise OptionError(key, f"unknown key; did you mean '{close[0]}'?" if close
+                                  else f"unknown key; known keys: {', '.join(sorted(known))}")
         return cls(**values)
 
 

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import shutil
 import time
 from dataclasses import dataclass
@@ -21,9 +22,9 @@ from builder.architecture import DecoderInfo, decoder_info
 from builder.checkpoint import Checkpoint
 from builder.digests import hash_inputs
 from builder.errors import BuildError
-from builder.genai_config import genai_config, with_vision, write_genai_files
+from builder.genai_config import genai_config, with_vision
 from builder.graph import Graph
-from builder.hf_config import read_json
+from builder.hf_config import generation_config
 from builder.hub import TOKENIZER_FILES
 from builder.inputs import (
     check_quantization,
@@ -32,17 +33,19 @@ from builder.inputs import (
 )
 from builder.io import DecoderIO
 from builder.options import BuildOptions
+from builder.output_folder import check_output
 from builder.preflight import (
     check_context_length,
     check_float_layers,
-    timed,
+    check_layer_count,
+    check_tokenizer_files,
     warn_if_bf16_rounds_stored_scales,
-    warn_if_no_tokenizer,
 )
 from builder.report import Estimate, combined, estimate
 from builder.units import human
 from builder.version import __version__
-from builder.writer import MODEL_STEM, check_output, save_models, staged_folder
+from builder.timing import timed
+from builder.writer import MODEL_STEM, write_output
 
 log = logging.getLogger("builder")
 
@@ -76,9 +79,11 @@ def source_folder(options: BuildOptions) -> Path:
     """The local folder (or GGUF file) to build from."""
     if options.input is not None:
         folder = Path(options.input).expanduser()
-        if not folder.is_dir() and not (folder.is_file() and folder.suffix == ".gguf"):
-            raise BuildError(f"--input {folder}: no such folder")
-        return folder
+        if folder.is_dir() or (folder.is_file() and folder.suffix == ".gguf"):
+            return folder
+        if folder.exists():
+            raise BuildError(f"--input {folder} is a file; --input takes a folder or a .gguf file")
+        raise BuildError(f"--input {folder}: no such {'file' if folder.suffix == '.gguf' else 'folder'}")
     return hub.resolve(options.model, options.revision, options.cache_dir)
 
 
@@ -103,15 +108,16 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
             f"builder never runs; supported: {', '.join(sorted(architectures.ARCHITECTURES))}"
         )
     known = names[0] in architectures.ARCHITECTURES
-    check_quantization(inp, getattr(architectures.load(names[0]), "QUANT_METHODS", ()) if known else ())
-    module = architectures.load(names[0])
-    config = module.parse_config(raw, names[0])
+    check_quantization(inp, architectures.load(names[0]).quant_methods if known else ())
+    family = architectures.load(names[0])
+    checkpoint, adapter = open_checkpoint(inp, options)
+    check_layer_count(raw, checkpoint.tensors)  # before the config makes anything per layer
+    config = family.parse_config(raw, names[0])
     info = decoder_info(config)
     target = options.target().with_layers(info.num_layers)
     check_context_length(target, info.context_length)
     if target.context_length:
         info = dataclasses.replace(info, context_length=target.context_length)
-    checkpoint, adapter = open_checkpoint(inp, options)
     blocks = inp.gguf is not None and any(t.kind not in gguf_checkpoint.FLOAT for t in inp.gguf_checkpoint.gguf.values())
     warn_if_bf16_rounds_stored_scales(inp.quantized is not None or blocks, target)
     packager = None if options.text_only or inp.gguf is not None else architectures.load_package(names[0])
@@ -122,19 +128,18 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     windowed = info.sliding_window_layers if target.windowed_kv_cache else []
     io = DecoderIO.create(info.num_layers, info.num_kv_heads, info.head_size, target.io_dtype, windowed,
                           embeds_width=info.hidden_size if package is not None else None)
-    logits, presents = module.build(g, io, checkpoint, config, target)
-    checkpoint.check_consumed(module.IGNORED if package is None else package.ignored)
+    logits, presents = family.build(g, io, checkpoint, config, target)
+    checkpoint.check_consumed(family.ignored if package is None else package.ignored)
     if target.quantization is not None:
         check_float_layers(target.quantization.float_layers, g.linears)
         check_float_layers(tuple(options.int8_layers), g.linears, "--int8-layers")
     if inp.gguf is None:
-        warn_if_no_tokenizer(folder)
+        check_tokenizer_files(folder)
     model = g.model(io.inputs, io.outputs(logits, info.vocab_size, presents))
     RemoveUnusedNodesPass()(model)
     TopologicalSortPass()(model)
 
-    generation_path = folder / "generation_config.json"
-    generation = read_json(generation_path, "model") if inp.gguf is None and generation_path.is_file() else {}
+    generation = generation_config(folder, info.vocab_size) if inp.gguf is None else {}
     sources = dict(g.sources)
     estimates = {MODEL_STEM: estimate(model, _source_bytes(checkpoint, g.sources))}
     for stem, part in package.models.items() if package is not None else ():
@@ -208,13 +213,32 @@ def disk_need(p: Plan, options: BuildOptions) -> int:
 
 def check_disk(p: Plan, options: BuildOptions) -> None:
     """Refuses to start a build the output's file system has no room for."""
-    parent = options.output_folder.resolve().parent
+    parent = Path(os.path.realpath(options.output_folder)).parent  # Path.resolve() raises on a link loop
     while not parent.exists():
         parent = parent.parent
     free = shutil.disk_usage(parent).free
     need = disk_need(p, options)
     if free < need:
         raise BuildError(f"{parent} has {human(free)} free but the build writes {human(need)}")
+
+
+def physical_memory() -> int | None:
+    """This machine's RAM in bytes, where the OS says (None elsewhere)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_memory(p: Plan) -> None:
+    """Refuses to start a build whose predicted peak cannot fit in this machine's memory: tensors
+    made by code (rotary tables of max_position_embeddings rows) are computed whole, so an absurd
+    context would end in a MemoryError halfway through writing."""
+    ram = physical_memory()
+    if ram is not None and p.estimate.peak_rss > ram:
+        raise BuildError(f"the build would hold ~{human(p.estimate.peak_rss)} in memory at its peak, more than this "
+                         f"machine's {human(ram)} (rotary tables have one row per position: --context-length caps "
+                         f"the {p.info.context_length} positions)")
 
 
 def dry_run(options: BuildOptions) -> str:
@@ -239,27 +263,26 @@ def build(options: BuildOptions, progress: bool = True) -> Path:
         p = plan(options, folder)
     log.debug("%s", describe(p, options))
     check_disk(p, options)
+    check_memory(p)
     log.info("%s: %d layers, %s parameters, %s of weights", p.architecture, p.info.num_layers,
              f"{p.parameters:,}", human(p.checkpoint.nbytes))
     inputs = [folder] if folder.is_file() else [f for f in folder.iterdir() if f.is_file() and not f.name.startswith(".")]
     hashes = hash_inputs(inputs)
     adapter_hashes = hash_inputs(p.adapter.files()) if p.adapter is not None else None
-    try:
-        with staged_folder(output, options.overwrite, [folder]) as staging:
-            with timed("write weights"):
-                save_models({MODEL_STEM: p.model, **(p.package.models if p.package is not None else {})}, staging,
-                            progress=progress)
-            with timed("genai files"):
-                write_genai_files(folder, staging, genai_json(p, options))
-                if p.package is not None:
-                    (staging / p.package.processor_file).write_text(json.dumps(p.package.processor, indent=2) + "\n")
-                if p.gguf_metadata is not None:
-                    gguf_tokenizer.write_tokenizer(p.gguf_metadata, staging)
-            with timed("hashing inputs"):
-                digests = hashes.result()
-                adapter = None if p.adapter is None else (p.adapter.folder, adapter_hashes.result())
-            record.write(staging / "build.yaml", record.build_record(options, folder, digests, __version__, adapter))
-    except OSError as e:  # a full disk, a vanished mount: the staging folder is already gone
-        raise BuildError(f"writing {output} failed: {e.strerror or e}; nothing was written") from None
+    def record_now() -> dict:
+        with timed("hashing inputs"):
+            adapter = None if p.adapter is None else (p.adapter.folder, adapter_hashes.result())
+            return record.build_record(options, folder, hashes.result(), __version__, adapter)
+
+    def package_files(staging: Path) -> None:
+        if p.package is not None:
+            (staging / p.package.processor_file).write_text(json.dumps(p.package.processor, indent=2) + "\n")
+        if p.gguf_metadata is not None:
+            gguf_tokenizer.write_tokenizer(p.gguf_metadata, staging)
+
+    write_output(output, {MODEL_STEM: p.model, **(p.package.models if p.package is not None else {})},
+                 genai_json(p, options), folder, record_now, overwrite=options.overwrite,
+                 inputs=[folder] if p.adapter is None else [folder, p.adapter.folder],  # a hub adapter's snapshot too
+                 progress=progress, more_files=package_files)
     log.info("wrote %s in %.1f s", output, time.perf_counter() - started)
     return output

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import time
-from collections.abc import Iterator
+import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import ml_dtypes
 import numpy as np
 
 from builder.errors import BuildError
+from builder.hf_config import config_object, load_json
 from builder.target import Target, matches
 
 log = logging.getLogger("builder")
@@ -20,6 +20,11 @@ log = logging.getLogger("builder")
 # onnxruntime-genai's tokenizer reads tokenizer.json (with tokenizer_config.json), or a
 # SentencePiece tokenizer.model; without one of them beside the model it fails to load it.
 TOKENIZER_MODELS = ("tokenizer.json", "tokenizer.model")
+# The JSON files beside it that transformers and genai read as objects.
+TOKENIZER_OBJECTS = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+# A decoder layer's tensors: model.layers.N.*, or a multimodal checkpoint's language model's
+# (both layouts); a vision tower's encoder.layers.N.* are not the decoder's.
+DECODER_LAYER = re.compile(r"(?:model\.|language_model\.model\.|model\.language_model\.)layers\.(\d+)\.")
 
 
 def check_not_prequantized(raw: dict[str, Any], path: Path, accepted: tuple[str, ...] = ()) -> None:
@@ -27,7 +32,7 @@ def check_not_prequantized(raw: dict[str, Any], path: Path, accepted: tuple[str,
     integers and scales under other tensor names: refused until builder reads those formats, except
     the quant_methods in `accepted`: AWQ and GPTQ (builder/awq_gptq.py), FP8 (builder/fp8.py) and
     those the architecture reads itself (gpt-oss: mxfp4)."""
-    for where, cfg in (("", raw), ("text_config.", raw.get("text_config") or {})):
+    for where, cfg in (("", raw), ("text_config.", config_object(raw, "text_config"))):
         q = cfg.get("quantization_config")
         if q:
             method = q.get("quant_method", "unknown") if isinstance(q, dict) else "unknown"
@@ -35,6 +40,23 @@ def check_not_prequantized(raw: dict[str, Any], path: Path, accepted: tuple[str,
                 continue
             raise BuildError(f"{path}: {where}quantization_config says the weights are already quantized "
                              f"(quant_method {method!r}); builder reads float checkpoints only (bf16, fp16, fp32)")
+
+
+def check_layer_count(raw: dict[str, Any], tensor_names: Iterable[str]) -> None:
+    """Refuses a num_hidden_layers (top level or text_config's) past the layers the checkpoint's
+    tensors hold, before anything is made per layer: a config saying 10^9 layers would otherwise
+    allocate per-layer lists for minutes before the first missing tensor is noticed. A count that
+    is not a positive integer is left to the config's own checks (hf_config.config_value)."""
+    text = raw.get("text_config")
+    counts = [c.get("num_hidden_layers") for c in (raw, text if isinstance(text, dict) else {})]
+    counts = [n for n in counts if isinstance(n, int) and not isinstance(n, bool) and n > 0]
+    if not counts:
+        return
+    held = max((int(m.group(1)) + 1 for name in tensor_names if (m := DECODER_LAYER.match(name))), default=0)
+    if max(counts) > held:
+        have = f"layers 0 to {held - 1}" if held else "no decoder layer (model.layers.N.*)"
+        raise BuildError(f"config.json says num_hidden_layers {max(counts)}, but the checkpoint's tensors hold "
+                         f"{have}: a truncated checkpoint, or a config.json of another model")
 
 
 def check_context_length(target: Target, max_position_embeddings: int) -> None:
@@ -56,6 +78,23 @@ def check_float_layers(patterns: tuple[str, ...], linears: dict[str, tuple[str, 
                              f"(module names look like {', '.join(examples)})")
 
 
+def check_tokenizer_files(folder: Path) -> None:
+    """Refuses, before anything is written, tokenizer files that would be copied beside the model
+    broken: a tokenizer.json that is not a Hugging Face tokenizers file (valid JSON, an object
+    with a "model" object), or a tokenizer_config.json (special_tokens_map.json,
+    added_tokens.json) that is not a JSON object; warns when there is no tokenizer at all."""
+    tokenizer = folder / "tokenizer.json"
+    if tokenizer.is_file():
+        data = load_json(tokenizer)
+        if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+            raise BuildError(f'{tokenizer}: not a Hugging Face tokenizer (no "model" object); onnxruntime-genai '
+                             "could not load it")
+    for path in (folder / name for name in TOKENIZER_OBJECTS):
+        if path.is_file() and not isinstance(load_json(path), dict):
+            raise BuildError(f"{path}: expected a JSON object")
+    warn_if_no_tokenizer(folder)
+
+
 def warn_if_no_tokenizer(folder: Path) -> None:
     """The model is still built (a tokenizer can be copied in later), but onnxruntime-genai will not load it."""
     if not any((folder / name).is_file() for name in TOKENIZER_MODELS):
@@ -70,11 +109,3 @@ def warn_if_bf16_rounds_stored_scales(prequantized: bool, target: Target) -> Non
     if prequantized and target.quantization is not None and np.dtype(target.io_dtype) == ml_dtypes.bfloat16:
         log.warning("warning: bf16 activations round the checkpoint's fp16 quantization scales to bf16, so the "
                     "quantized weights are no longer exactly the checkpoint's; --io-dtype fp16 keeps them exact")
-
-
-@contextlib.contextmanager
-def timed(stage: str) -> Iterator[None]:
-    """Logs the stage's wall time at -v."""
-    started = time.perf_counter()
-    yield
-    log.debug("%-20s %.2f s", stage, time.perf_counter() - started)

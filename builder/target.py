@@ -9,6 +9,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+# What each bit width gets unless told otherwise, from the CLI and the Python API alike: int4
+# searches each block's scale with zero points (0.47x round-to-nearest's perplexity increase on
+# SmolLM2-135M at 1.024x its size, docs/BENCHMARKS.md); int8 rounds to nearest, symmetric (its
+# rounding error is already small, and the search would cost time for nothing measurable).
+BITS_DEFAULTS: dict[int, dict[str, object]] = {
+    4: {"method": "search", "symmetric": False},
+    8: {"method": "rtn", "symmetric": True},
+}
+
+
 @dataclass(frozen=True)
 class Quantization:
     """Block-wise weight quantization of linear layers into com.microsoft::MatMulNBits.
@@ -33,14 +43,19 @@ class Quantization:
 
     bits: int = 4
     block_size: int = 32
-    symmetric: bool = True
+    symmetric: bool | None = None  # None: the default for `bits` (BITS_DEFAULTS)
     accuracy_level: int = 4
     lm_head: bool = True
     embeddings: bool = False
     float_layers: tuple[str, ...] = field(default_factory=tuple)
-    method: str = "rtn"
+    method: str | None = None  # None: the default for `bits` (BITS_DEFAULTS)
     int8_layers: tuple[str, ...] = field(default_factory=tuple)
     mixed: bool = False
+
+    def __post_init__(self) -> None:
+        for name, value in BITS_DEFAULTS.get(self.bits, {}).items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
 
     def with_layers(self, num_layers: int) -> Quantization:
         """The preset's int8 layers added to int8_layers, for a model of `num_layers` decoder layers."""

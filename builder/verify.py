@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,8 @@ import numpy as np
 from builder.errors import BuildError
 from builder.options import BuildOptions
 from builder.quantize import dequantize, quantize
+
+log = logging.getLogger("builder")
 
 PROMPT_TEXT = "The capital of France is Paris. The capital of Germany is"
 
@@ -54,6 +57,11 @@ REQUIREMENTS = ("torch", "transformers", "onnxruntime")
 
 def check_verifiable(options: BuildOptions) -> None:
     """Refuses, before anything is built, a --verify that could only fail after the build."""
+    gguf = _gguf_input(options)
+    if gguf is not None:
+        raise BuildError(f"--verify compares the model with transformers' run of a safetensors checkpoint, and "
+                         f"{gguf.name} is a GGUF file (transformers would dequantize it, comparing other weights): "
+                         "build it without --verify, or verify a build of the checkpoint it was converted from")
     needed = (*REQUIREMENTS, "peft") if options.adapter is not None else REQUIREMENTS  # peft merges the adapter
     missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if missing:
@@ -63,6 +71,20 @@ def check_verifiable(options: BuildOptions) -> None:
                          "build cannot be verified here (verify the same precision built for cpu)")
     if options.resolved_io_dtype == "bf16":
         raise BuildError("--verify runs ONNX Runtime on the CPU, which has no bfloat16 kernels; verify a fp16 build")
+
+
+def _gguf_input(options: BuildOptions) -> Path | None:
+    """The GGUF file a build reads, when --input or --model names one (or a folder of one); None
+    otherwise (a hub id is never GGUF: builder downloads safetensors only)."""
+    from builder import gguf_checkpoint
+
+    for given in (options.input, options.model):
+        path = Path(given).expanduser() if given else None
+        if path is not None and path.suffix == ".gguf":
+            return path
+        if path is not None and path.exists():
+            return gguf_checkpoint.find(path)
+    return None
 
 
 def _graph_linears(name: str, rows: int) -> list[tuple[str, tuple[str, ...], slice]]:
@@ -93,13 +115,16 @@ def _reference_model(folder: Path, options: BuildOptions, quiet: bool = False):
     config = json.loads((folder / "config.json").read_text())
     auto = (transformers.AutoModelForImageTextToText if config["architectures"][0].endswith("ConditionalGeneration")
             else transformers.AutoModelForCausalLM)
-    model = auto.from_pretrained(folder, dtype=torch.float32).eval()
-    if options.adapter is not None:  # the reference is peft's own merge
+    if options.adapter is None:
+        model = _from_pretrained(auto, folder, torch.float32, config).eval()
+    else:  # the reference is peft's own merge, made in the base's dtype as builder's is (builder/lora.py)
         import peft
 
         from builder.inputs import adapter_folder
 
-        model = peft.PeftModel.from_pretrained(model, adapter_folder(options)).merge_and_unload().eval()
+        base = _from_pretrained(auto, folder, "auto", config)
+        model = peft.PeftModel.from_pretrained(base, adapter_folder(options)).merge_and_unload()
+        model = model.to(torch.float32).eval()
     target = options.target().with_layers(model.config.get_text_config().num_hidden_layers)
     q = target.quantization
     if q is not None:
@@ -116,15 +141,44 @@ def _reference_model(folder: Path, options: BuildOptions, quiet: bool = False):
     return model
 
 
+def _from_pretrained(auto, folder: Path, dtype, config: dict):
+    """transformers' model of the checkpoint, never with the checkpoint's own code: trust_remote_code
+    is False (left unset, transformers asks on a terminal and runs the code on a "y") and only
+    safetensors are read (never a pickle)."""
+    try:
+        return auto.from_pretrained(folder, dtype=dtype, trust_remote_code=False, use_safetensors=True)
+    except ValueError:
+        if not config.get("auto_map"):
+            raise
+        raise BuildError(f"--verify: transformers can load {folder} only with its own code (auto_map in "
+                         "config.json), which builder never runs") from None
+
+
+def _has_auto_map(path: Path) -> bool:
+    try:
+        return bool(json.loads(path.read_text(encoding="utf-8")).get("auto_map"))
+    except (OSError, ValueError, AttributeError, RecursionError):  # no such file, not JSON, not an object
+        return False
+
+
 def _prompt(folder: Path, vocab: int) -> list[int]:
+    """The prompt's token ids from the checkpoint's tokenizer, else fixed ids (the comparison is of
+    the models; the prompt only needs to be plausible)."""
     try:
         import transformers
 
-        ids = transformers.AutoTokenizer.from_pretrained(folder).encode(PROMPT_TEXT)
+        # trust_remote_code=False: a tokenizer_config.json `auto_map` naming a Python file in the
+        # folder is never imported (left unset, transformers asks on a terminal and runs it on a "y").
+        tokenizer = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+        ids = tokenizer.encode(PROMPT_TEXT)
         if ids and max(ids) < vocab:
             return ids
-    except Exception:  # noqa: BLE001 - no usable tokenizer: fall back to fixed ids
-        pass
+    except Exception as e:  # noqa: BLE001 - no usable tokenizer: fall back to fixed ids
+        if _has_auto_map(folder / "tokenizer_config.json"):
+            log.warning("--verify: the tokenizer needs its own code (auto_map in tokenizer_config.json), which "
+                        "builder never runs; comparing on fixed token ids")
+        else:
+            log.debug("--verify: no usable tokenizer (%s); comparing on fixed token ids", type(e).__name__)
     return [int(i) % vocab for i in (1, 415, 5565, 302, 4843, 349, 5465, 28723, 415, 5565, 302)]
 
 

@@ -1,16 +1,15 @@
-"""Writing the output: weights streamed by onnx_ir's bounded parallel writer into a staging folder
-that is renamed into place only once complete."""
+"""Writing the weights: each model's initializers streamed into its external data file by onnx_ir's
+bounded parallel writer, every lazy weight computed as it is written; and save(), which writes a
+crafted decoder as a complete output (published by builder/publish.py).
+"""
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import os
-import shutil
 import sys
-import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +17,12 @@ import numpy as np
 import onnx_ir as ir
 
 from builder.errors import BuildError
+from builder.output_folder import RECORD_FILE
+from builder.publish import staged_folder
 from builder.target import Target
+from builder.timing import timed
 
 MODEL_STEM = "model"  # the decoder: model.onnx and model.onnx.data
-# Every output holds one; only a folder with it may be replaced (--overwrite).
-RECORD_FILE = "build.yaml"
 # Bytes of materialized tensors the writer may hold at once (beyond the one being written).
 MAX_IN_FLIGHT_BYTES = 512 * 1024 * 1024
 # Initializers up to this size live in model.onnx itself (constants, not weights).
@@ -121,72 +121,6 @@ def save_models(models: dict[str, ir.Model], folder: Path, progress: bool = True
             report.close()
 
 
-def check_output(folder: Path, overwrite: bool, inputs: Iterable[Path] = ()) -> None:
-    """Refuses, before any work, an output that exists and is not an empty folder (unless overwrite,
-    and then only a previous build's output), and any output that is, or holds, one of `inputs`."""
-    if folder.is_file():
-        raise BuildError(f"output {folder} is a file")
-    out = folder.resolve()
-    for source in inputs:
-        if any(_within(path, out) for path in _input_paths(source)):
-            raise BuildError(f"output {folder} is the input {source} or a folder holding it; choose another output")
-    if _within(Path.cwd().resolve(), out):
-        raise BuildError(f"output {folder} is the current folder or holds it; name a folder to create "
-                         "(the build is written beside it and renamed into place)")
-    if folder.is_dir() and any(folder.iterdir()):
-        if not overwrite:
-            raise BuildError(f"output folder {folder} exists and is not empty (pass --overwrite to replace it)")
-        if not (folder / RECORD_FILE).is_file():
-            raise BuildError(f"output folder {folder} is not empty and has no {RECORD_FILE}, so it is not a previous "
-                             "build's output; not replacing it, even with --overwrite")
-
-
-def _within(path: Path, folder: Path) -> bool:
-    return path == folder or folder in path.parents
-
-
-def _input_paths(source: Path) -> list[Path]:
-    """The input folder and wherever its files' links lead (a hub snapshot links into blobs/)."""
-    source = source.resolve()
-    if not source.is_dir():
-        return [source]
-    return [source, *{f.resolve().parent for f in source.iterdir() if f.is_symlink()}]
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-@contextlib.contextmanager
-def staged_folder(final: Path, overwrite: bool, inputs: Iterable[Path] = ()) -> Iterator[Path]:
-    """Yields a temporary sibling of `final`; on success it replaces `final`, on any failure it vanishes.
-
-    A failed or interrupted build leaves neither a partial output nor a changed existing one.
-    """
-    check_output(final, overwrite, inputs)
-    final = Path(os.path.abspath(final))  # `-o out/.` is out, whose siblings are in out's parent
-    try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=final.parent))
-        staging.chmod(0o777 & ~_umask())  # mkdtemp makes 0700; the output follows the umask like mkdir
-    except OSError as e:
-        raise BuildError(f"cannot write to {final.parent}: {e.strerror or e}") from None
-    try:
-        yield staging
-        if final.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
-            os.replace(final, old / final.name)
-            os.replace(staging, final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(staging, final)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-
-
 def save(
     model: ir.Model, folder: str | os.PathLike, overwrite: bool = False, progress: bool = False, *,
     source: str | os.PathLike | None = None, target: Target | None = None, search: dict[str, Any] | None = None,
@@ -202,7 +136,7 @@ def save(
     Args:
         model: the graph, e.g. `g.model(io.inputs, io.outputs(logits, vocab_size, presents))`.
         folder: the output folder; an existing one is replaced only with `overwrite`, and only
-            when it holds a previous output (build.yaml).
+            when it holds a previous output (builder's build.yaml and only the files a build writes).
         source: the checkpoint folder: its config, generation config and tokenizer.
         target: the Target the graph was made for (its execution provider and context length).
         search: genai_config.json's search settings to override (max_length, do_sample, ...).
@@ -212,8 +146,7 @@ def save(
         >>> save(model, "out/my-model", source="path/to/checkpoint")  # doctest: +SKIP
     """
     from builder.config_file import RECORD_KEY
-    from builder.genai_config import genai_config, write_genai_files
-    from builder.record import write
+    from builder.genai_config import genai_config
     from builder.version import __version__
 
     folder = Path(folder)
@@ -221,11 +154,35 @@ def save(
     target = target or Target(io_dtype=np.dtype(np.float32))
     config, generation = _source_configs(source)
     config_json = genai_config(crafted_info(model, config, target), target, generation, search)
-    with staged_folder(folder, overwrite, [source] if source else []) as staging:
-        save_model(model, staging, progress=progress)
-        write_genai_files(source or staging, staging, config_json)  # no source: no tokenizer files to copy
-        crafted = {"builder_version": __version__, "crafted": True, "source": str(source.resolve()) if source else None}
-        write(staging / RECORD_FILE, {RECORD_KEY: crafted})
+    crafted = {"builder_version": __version__, "crafted": True, "source": str(source.resolve()) if source else None}
+    return write_output(folder, {MODEL_STEM: model}, config_json, source, lambda: {RECORD_KEY: crafted},
+                        overwrite=overwrite, inputs=[source] if source else [], progress=progress,
+                        flag="save(..., overwrite=True)")
+
+
+def write_output(
+    folder: Path, models: dict[str, ir.Model], genai: dict[str, Any], source: Path | None,
+    record: Callable[[], dict[str, Any]], *, overwrite: bool, inputs: Iterable[Path], progress: bool = True,
+    flag: str = "--overwrite", more_files: Callable[[Path], None] | None = None,
+) -> Path:
+    """The one way an output is written, by the command line and the Python API alike: the models
+    (file stem -> model), genai_config.json, `source`'s tokenizer files, `more_files(staging)`
+    (a package's processor file, a GGUF's tokenizer) and build.yaml (`record()`, called last so
+    input hashing overlaps the writing), staged and published atomically (builder.publish)."""
+    from builder.genai_config import write_genai_files
+    from builder.record import write
+
+    try:
+        with staged_folder(folder, overwrite, inputs, flag=flag) as staging:
+            with timed("write weights"):
+                save_models(models, staging, progress=progress)
+            with timed("genai files"):
+                write_genai_files(source or staging, staging, genai)  # no source: no tokenizer files to copy
+                if more_files is not None:
+                    more_files(staging)
+            write(staging / RECORD_FILE, record())
+    except OSError as e:  # a full disk, a vanished mount: the staging folder is already gone
+        raise BuildError(f"writing {folder} failed: {e.strerror or e}; nothing was written") from None
     return folder
 
 

@@ -74,9 +74,10 @@ def tokenizer_json() -> dict:
     }
 
 
-def weights(seed: int = 0) -> dict[str, np.ndarray]:
+def weights(seed: int = 0, config: dict = CONFIG) -> dict[str, np.ndarray]:
+    """Random bfloat16 weights for `config` (CONFIG, or a variant of it such as another vocab_size)."""
     rng = np.random.default_rng(seed)
-    c = CONFIG
+    c = config
     H, I, V, D = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["head_dim"]
     q, kv = c["num_attention_heads"] * D, c["num_key_value_heads"] * D
 

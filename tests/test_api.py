@@ -4,6 +4,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import transformers
 from helpers import PROMPT, OnnxDecoder, relative_error
@@ -62,16 +63,16 @@ def test_build_can_be_called_twice_in_one_process(tmp_path):
     assert callable(builder.build)
 
 
-def test_registry_names_only_architectures_their_modules_define(monkeypatch):
+def test_registry_is_read_from_the_families_declarations():
+    import dataclasses
+
     import architectures
     from builder.errors import BuildError
+    from builder.family import register
 
-    for name in architectures.ARCHITECTURES:
-        assert name in architectures.load(name).VARIANTS
-    monkeypatch.setitem(architectures.ARCHITECTURES, "LlamaForTokenClassification", "llama")
-    try:
-        architectures.load("LlamaForTokenClassification")
-    except BuildError as e:
-        assert "does not define it" in str(e)
-    else:
-        raise AssertionError("a registry line naming an undefined architecture loaded")
+    for name, module in architectures.ARCHITECTURES.items():
+        family = architectures.load(name)
+        assert name in family.variants and family.name == module
+    llama = architectures.load("LlamaForCausalLM")
+    with pytest.raises(BuildError, match="declared by both architectures/llama.py and architectures/copy.py"):
+        register(dataclasses.replace(llama, name="copy"))

@@ -25,7 +25,7 @@ def copy_source(src, dst):
 
 def test_output_folder_contents_and_genai_config(tiny_llama, tmp_path, capsys):
     src = copy_source(tiny_llama, tmp_path / "src")
-    (src / "tokenizer.json").write_text("{}")
+    (src / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": {}, "merges": []}}')
     (src / "tokenizer_config.json").write_text("{}")
     (src / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7], "bos_token_id": 1, "top_k": 20}))
     out = tmp_path / "out"
@@ -103,16 +103,22 @@ def test_existing_output_is_refused_then_overwritten(tiny_llama, tmp_path, capsy
     rc, err = run(capsys, "-m", str(tiny_llama), "-o", str(out), "-q")
     assert rc == 2 and "exists and is not empty" in err
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
-    (out / "build.yaml").write_text("{}\n")  # --overwrite replaces only a previous build (test_outputs.py)
+    # --overwrite replaces only a previous build (test_outputs.py, test_output_safety.py)
     rc, err = run(capsys, "-m", str(tiny_llama), "-o", str(out), "-q", "--overwrite")
-    assert rc == 0 and (out / "model.onnx").is_file() and not (out / "keep.txt").exists()
+    assert rc == 2 and "has no build.yaml" in err
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+    (out / "keep.txt").unlink()
+    rc, err = run(capsys, "-m", str(tiny_llama), "-o", str(out), "-q")  # an empty folder is filled
+    assert rc == 0 and (out / "model.onnx").is_file()
+    rc, err = run(capsys, "-m", str(tiny_llama), "-o", str(out), "-q", "--overwrite")
+    assert rc == 0 and (out / "model.onnx").is_file()
 
 
 def test_failure_while_saving_leaves_no_output(tiny_llama, tmp_path, monkeypatch):
     def explode(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("builder.pipeline.save_models", explode)
+    monkeypatch.setattr("builder.writer.save_models", explode)
     assert main(["-m", str(tiny_llama), "-o", str(tmp_path / "out"), "-q"]) == 130
     assert list(tmp_path.iterdir()) == []
     assert save_module.MODEL_STEM == "model"

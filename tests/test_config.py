@@ -4,7 +4,6 @@ import pytest
 import transformers
 
 import architectures
-from architectures.llama import parse_config
 
 CASES = {
     "llama-minimal": ("LlamaForCausalLM", {}),
@@ -40,7 +39,7 @@ FIELDS = (
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_matches_transformers_config(case):
     arch, raw = CASES[case]
-    ours = parse_config(dict(raw, architectures=[arch]), arch)
+    ours = architectures.load(arch).parse_config(dict(raw, architectures=[arch]), arch)
     theirs = CONFIG_CLASSES[arch](**raw)
     for field in FIELDS:
         expected = getattr(theirs, field, None)
@@ -87,8 +86,6 @@ GEMMA_CASES = {
 
 @pytest.mark.parametrize("case", sorted(GEMMA_CASES))
 def test_gemma_matches_transformers_config(case):
-    from architectures.gemma import parse_config as parse_gemma
-
     arch, raw = GEMMA_CASES[case]
     cls = {"GemmaForCausalLM": transformers.GemmaConfig, "Gemma2ForCausalLM": transformers.Gemma2Config,
            "Gemma3ForCausalLM": transformers.Gemma3TextConfig}[arch]
@@ -97,7 +94,7 @@ def test_gemma_matches_transformers_config(case):
         given = dict(raw, architectures=[variant])
         if variant == "Gemma3ForConditionalGeneration":  # the same text model, nested as the hub's -it configs
             given = {"architectures": [variant], "text_config": dict(raw, model_type="gemma3_text")}
-        ours = parse_gemma(given, variant)
+        ours = architectures.load(variant).parse_config(given, variant)
         for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                       "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps",
                       "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id"):
@@ -135,10 +132,9 @@ PHI3_CASES = {
 
 @pytest.mark.parametrize("case", sorted(PHI3_CASES))
 def test_phi3_matches_transformers_config(case):
-    from architectures.phi3 import parse_config as parse_phi3
-
     raw = PHI3_CASES[case]
-    ours = parse_phi3(dict(raw, architectures=["Phi3ForCausalLM"]), "Phi3ForCausalLM")
+    ours = architectures.load("Phi3ForCausalLM").parse_config(dict(raw, architectures=["Phi3ForCausalLM"]),
+                                                             "Phi3ForCausalLM")
     theirs = transformers.Phi3Config(**raw)
     for field in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                   "num_key_value_heads", "max_position_embeddings", "original_max_position_embeddings",

@@ -2,6 +2,7 @@
 in ONNX Runtime's MoE/QMoE), genai's greedy generation, decisive routing that the correction bias
 changes, and config.json parsing against Ernie4_5_MoeConfig."""
 
+import copy
 import json
 import shutil
 
@@ -98,9 +99,11 @@ def test_genai_greedy_matches_transformers(ernie, tmp_path):
          moe_num_shared_experts=0, use_bias=True, tie_word_embeddings=False, head_dim=64,
          rope_scaling={"type": "linear", "factor": 2.0}),
     dict(rope_theta=10_000.0, moe_norm_min=1e-6, moe_k=8, moe_num_experts=128, pad_token_id=None),
+    # YaRN's original length defaults to the class's max_position_embeddings (131072), not Llama's 2048.
+    dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}),
 ])
 def test_matches_transformers_config(config):
-    hf = transformers.Ernie4_5_MoeConfig(**config)
+    hf = transformers.Ernie4_5_MoeConfig(**copy.deepcopy(config))  # transformers fills in the dicts it is given
     architecture = "Ernie4_5_MoeForCausalLM"
     c = architectures.load(architecture).parse_config({**config, "architectures": [architecture]}, architecture)
     for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",

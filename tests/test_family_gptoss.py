@@ -196,7 +196,7 @@ def test_only_gpt_oss_reads_a_prequantized_checkpoint(source, tmp_path):
     from builder.preflight import check_not_prequantized
 
     raw = {"quantization_config": {"quant_method": "mxfp4"}}
-    check_not_prequantized(raw, tmp_path, architectures.load("GptOssForCausalLM").QUANT_METHODS)
+    check_not_prequantized(raw, tmp_path, architectures.load("GptOssForCausalLM").quant_methods)
     for accepted in ((), ("awq",)):
         with pytest.raises(BuildError, match="mxfp4"):
             check_not_prequantized(raw, tmp_path, accepted)

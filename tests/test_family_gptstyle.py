@@ -130,12 +130,12 @@ def test_config_matches_transformers(case):
 
 def test_nemotron_without_kv_heads_is_refused():
     # transformers' NemotronConfig leaves num_key_value_heads None, and its attention cannot be built.
-    from architectures.nemotron import parse_config
-
+    import architectures
     from builder.errors import BuildError
 
     with pytest.raises(BuildError, match="num_key_value_heads"):
-        parse_config({"architectures": ["NemotronForCausalLM"]}, "NemotronForCausalLM")
+        architectures.load("NemotronForCausalLM").parse_config({"architectures": ["NemotronForCausalLM"]},
+                                                              "NemotronForCausalLM")
 
 
 # The blocks these families added, against numpy.

@@ -91,6 +91,7 @@ def test_genai_greedy_matches_transformers(variant, tmp_path):
                           rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 64, "long_factor": [2.0] * 64,
                                         "short_mscale": 1.2, "long_mscale": 1.2,
                                         "original_max_position_embeddings": 4096})),
+    ("PhimoeConfig", dict(head_dim=64)),  # PhimoeAttention reads a given head_dim
 ])
 def test_matches_transformers_config(name, config):
     hf = getattr(transformers, name)(**config)
@@ -101,6 +102,7 @@ def test_matches_transformers_config(name, config):
                 "bos_token_id", "eos_token_id", "pad_token_id", "tie_word_embeddings", "attention_bias",
                 *SPECIFIC[name]):
         assert getattr(c, key) == getattr(hf, key), key
+    assert c.head_dim == (getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads)
     expected_rope = dict(hf.rope_parameters)
     if expected_rope.get("short_mscale"):  # PhimoeRotaryEmbedding scales cos/sin by it, not by the factor
         expected_rope["attention_factor"] = expected_rope["short_mscale"]

@@ -123,7 +123,7 @@ def test_int4_linears_match_fake_quantized_transformers(saved, tmp_path):
     # projector's matrix stay float.
     from fake_quant import fake_quantize
 
-    q = Quantization(bits=4, block_size=32, symmetric=True, accuracy_level=0)
+    q = Quantization(bits=4, block_size=32, symmetric=True, accuracy_level=0, method="rtn")
     session = build_vision(saved, tmp_path / "out", np.float32, q)
     model = transformers.AutoModelForImageTextToText.from_pretrained(saved, dtype=torch.float32).eval()
     with torch.no_grad():

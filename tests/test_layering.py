@@ -8,11 +8,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "transformers", "onnxruntime")
 # Lower layers and the only project modules each may import: the weight recipe API (lazy) sits on
-# the pre-quantized block format and the write-time machinery, which know nothing of recipes.
+# the pre-quantized block format and the write-time machinery, which know nothing of recipes; the
+# publishing of an output knows nothing of models (renames and the lock, nothing of outputs).
 LAYERS = {
     "builder.stored_blocks": set(),
     "builder.materialize": {"builder.mapping"},
     "builder.lazy": {"builder.stored_blocks", "builder.materialize"},
+    "builder.renames": set(),
+    "builder.output_lock": set(),
+    "builder.output_folder": {"builder.errors", "builder.hub", "builder.image_processor", "builder.record"},
+    "builder.leftovers": {"builder.output_folder", "builder.output_lock", "builder.renames", "builder.units"},
+    "builder.publish": {"builder.errors", "builder.leftovers", "builder.output_folder", "builder.output_lock",
+                        "builder.renames"},
 }
 
 

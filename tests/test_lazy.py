@@ -151,7 +151,7 @@ def qmoe(symmetric: bool, experts: int = 6, rows: int = 32, cols: int = 64):
     gates = [Weight.constant(RNG.standard_normal((rows, cols)).astype(np.float32)) for _ in range(experts)]
     ups = [Weight.constant(RNG.standard_normal((rows, cols)).astype(np.float32)) for _ in range(experts)]
     g = Graph()
-    q = Quantization(bits=4, block_size=32, symmetric=symmetric)
+    q = Quantization(bits=4, block_size=32, symmetric=symmetric, method="rtn")
     values = quantized_experts(g, (gates, ups), q, np.dtype(np.float16), ())
     return [v.const_value if v is not None else None for v in values], (gates, ups)
 

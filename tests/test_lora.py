@@ -1,6 +1,7 @@
 """--adapter: a PEFT LoRA adapter merged into the lazy weights equals peft's merge_and_unload()."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,14 +30,14 @@ TARGETS = ["q_proj", "v_proj", "down_proj"]
 
 
 def make_adapter(base, folder, seed=1, **config):
-    """Trains nothing: a LoRA adapter with random A and random nonzero B (peft starts B at zero,
-    which would hide a wrong merge), saved the PEFT way."""
+    """Trains nothing: a LoRA adapter with random A and random nonzero B (peft starts B at zero, and
+    an embedding's A, which would hide a wrong merge), saved the PEFT way."""
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     lora = peft.get_peft_model(model, peft.LoraConfig(**{"r": 4, "lora_alpha": 8, "target_modules": TARGETS, **config}))
     with torch.no_grad():
         for name, p in lora.named_parameters():
-            if "lora_B" in name or "lora_embedding_B" in name:
+            if "lora_B" in name or "lora_embedding_" in name:
                 p.normal_(0.0, 0.2)
             elif "modules_to_save" in name:
                 p.add_(0.05 * torch.randn_like(p))
@@ -152,3 +153,110 @@ def test_merge_is_float32_and_lazy(tiny_llama, tmp_path):
     assert w.dtype == np.float32 and w.shape == (64, 64)
     assert ckpt.adapter.tensors.unconsumed() == sorted(
         n for n in ckpt.adapter.tensors.tensors if "layers.0.self_attn.q_proj" not in n)
+
+
+# peft's default targets for Llama (q_proj and v_proj only), plus an embedding and a full
+# replacement: the three ways a merged weight meets the base's dtype.
+PARTIAL = dict(target_modules=["q_proj", "v_proj", "embed_tokens"], modules_to_save=["lm_head"])
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@pytest.fixture(scope="module", params=list(DTYPES))
+def partial(request, tmp_path_factory):
+    """A base stored in one dtype, an adapter trained (in float32, as make_adapter does) on q and v
+    only, and peft's merge made the way its users make it: on the base loaded in its own dtype."""
+    root = tmp_path_factory.mktemp(f"partial-{request.param}")
+    base = make_checkpoint(root / "base", "LlamaConfig", dtype=DTYPES[request.param], **TINY)
+    adapter = make_adapter(base, root / "adapter", **PARTIAL)
+    model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype="auto")
+    assert model.dtype == DTYPES[request.param]
+    peft.PeftModel.from_pretrained(model, adapter).merge_and_unload().save_pretrained(root / "merged")
+    return base, adapter, root / "merged"
+
+
+def test_merged_weights_are_peft_merged_weights_in_the_base_dtype(partial):
+    from safetensors.numpy import load_file
+
+    from builder.checkpoint import Checkpoint
+    from builder.lora import Adapter, LoraCheckpoint
+
+    base, adapter, reference_folder = partial
+    want = load_file(reference_folder / "model.safetensors")
+    ckpt = LoraCheckpoint(Checkpoint.open(base), Adapter.open(adapter))
+    changed = sorted({*ckpt.deltas, *ckpt.replaced})
+    assert len(changed) == 2 * 2 + 2  # q and v of two layers, the embedding, lm_head
+    for name in [*changed, "model.layers.0.self_attn.k_proj.weight"]:
+        got = ckpt.weight(name).numpy()
+        assert got.dtype == ckpt.base.info(name).dtype, name  # merged or not, the base's dtype
+        # The same values as peft's merged model, bit for bit (safetensors.numpy reads bf16 as
+        # 2-byte words, so compare the bits).
+        assert got.view(np.uint16 if got.itemsize == 2 else np.uint32).tobytes() == want[name].tobytes(), name
+
+
+def test_partial_qkv_targets_build_and_equal_peft_merge(partial, tmp_path):
+    # Crashed for bf16 and fp16 bases: the merged q was float32, the untouched k not.
+    base, adapter, reference_folder = partial
+    plain, _, _ = reference(base, PROMPT)
+    want, _, _ = reference(reference_folder, PROMPT)
+    assert relative_error(plain, want) > 0.05, "the adapter changes too little to prove a merge"
+    out = build(base, tmp_path / "out", "-p", "fp32", "--adapter", str(adapter), "--verify")
+    # The graph holds the very weights of peft's merged model (above), upcast exactly to float32:
+    # only float32 summation order is left, whatever the base's dtype (3e-7 measured for all three).
+    assert_parity(out, reference_folder, 1e-5)
+
+
+def test_examples_tiny_llama_takes_peft_default_targets(tmp_path, capsys):
+    # The repository's own bf16 example, with peft's LoraConfig defaults (q_proj and v_proj for Llama).
+    example = Path(__file__).parent.parent / "examples" / "tiny-llama"
+    adapter = make_adapter(example, tmp_path / "adapter", target_modules=None)
+    assert json.loads((adapter / "adapter_config.json").read_text())["target_modules"] in (
+        ["q_proj", "v_proj"], ["v_proj", "q_proj"])
+    capsys.readouterr()
+    assert main(["-m", str(example), "-o", str(tmp_path / "out"), "-q", "--adapter", str(adapter)]) == 0
+    assert (tmp_path / "out" / "model.onnx").is_file()
+
+
+@pytest.fixture(scope="module")
+def adapter_tensors(tmp_path_factory):
+    """A valid adapter for conftest's tiny Llama, made once, as the malformed ones' starting point."""
+    root = tmp_path_factory.mktemp("valid-adapter")
+    base = make_checkpoint(root / "base", "LlamaConfig", **TINY)
+    return base, make_adapter(base, root / "adapter")
+
+
+Q_A = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+Q_B = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({Q_A: lambda a, b: a[0]}, "are not LoRA factors"),  # A 1-D
+    ({Q_A: lambda a, b: a[:, :, None]}, "are not LoRA factors"),  # A 3-D
+    ({Q_B: lambda a, b: b[:, :3]}, "are not LoRA factors"),  # B's rank differs from A's
+    ({Q_A: lambda a, b: a[:0], Q_B: lambda a, b: b[:, :0]}, "are not LoRA factors"),  # rank 0: s = alpha / 0
+    ({"lora_alpha": float("nan")}, "lora_alpha must be a positive finite number, got nan"),
+    ({"lora_alpha": float("inf")}, "lora_alpha must be a positive finite number, got inf"),
+    ({"lora_alpha": True}, "lora_alpha must be a positive finite number, got True"),
+    ({"r": 4.5}, "r must be a positive integer, got 4.5"),
+    ({"r": True}, "r must be a positive integer, got True"),
+])
+def test_malformed_adapter_is_refused_in_one_line_before_writing(adapter_tensors, tmp_path, capsys, change, message):
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    base, valid = adapter_tensors
+    adapter = Path(shutil.copytree(valid, tmp_path / "adapter"))
+    tensors = load_file(adapter / "adapter_model.safetensors")
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    a, b = tensors[Q_A], tensors[Q_B]
+    for key, value in change.items():
+        if key in tensors:
+            tensors[key] = np.ascontiguousarray(value(a, b))
+        else:
+            config[key] = value
+    save_file(tensors, adapter / "adapter_model.safetensors")
+    (adapter / "adapter_config.json").write_text(json.dumps(config))  # NaN and Infinity, as Python writes them
+    rc = main(["-m", str(base), "-o", str(tmp_path / "out"), "-q", "-p", "fp32", "--adapter", str(adapter)])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err and message in err, err
+    assert not (tmp_path / "out").exists()

@@ -46,7 +46,7 @@ def test_yaml_build_and_flag_override(tiny_llama, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("data, message", [
-    ({"modle": "x"}, "key 'modle': unknown key; known keys: "),
+    ({"modle": "x"}, "key 'modle': unknown key; did you mean 'model'?"),
     ({"model": "x", "precision": "int3"}, "key 'precision': 'int3' is not one of: int4, int8, fp16, bf16, fp32"),
     ({"model": "x", "block_size": "32"}, "key 'block_size': expected an integer, got '32'"),
     ({"model": "x", "block_size": 48}, "key 'block_size': 48 is not one of: 16, 32, 64, 128, 256"),
@@ -168,3 +168,17 @@ def test_shipped_configs_are_valid():
         assert options.model and "/" in options.model, path
         assert (options.precision, options.execution_provider) in {("int4", "cpu"), ("fp16", "cuda")}, path
         assert path.stem == f"{options.model.split('/')[1]}-{options.precision}-{options.execution_provider}", path
+
+
+def test_python_api_quantization_defaults_are_the_command_line_ones():
+    # Quantization() defaulted to round-to-nearest symmetric while the CLI's int4 is the scale
+    # search with zero points: the same model quantized differently from Python and the shell.
+    from builder.options import BuildOptions
+    from builder.target import Quantization
+
+    for precision, bits in (("int4", 4), ("int8", 8)):
+        cli = BuildOptions(model="x", precision=precision).target().quantization
+        api = Quantization(bits=bits)
+        assert (api.method, api.symmetric) == (cli.method, cli.symmetric)
+    assert (Quantization().method, Quantization().symmetric) == ("search", False)
+    assert (Quantization(bits=8).method, Quantization(bits=8).symmetric) == ("rtn", True)

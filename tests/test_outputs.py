@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 from helpers import build
-from test_hub import fill_cache, run_builder
+from test_hub import COMMIT, fill_cache, run_builder
 
 from builder.cli import main
+from builder.errors import BuildError
+from builder.output_folder import check_output
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,8 +64,12 @@ def test_output_that_holds_the_hub_snapshot_is_refused(tiny_llama, tmp_path):
     env = {"HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
     for out in (cache, cache / "models--tiny-org--tiny-llama"):
         r = run_builder(env, "-m", "tiny-org/tiny-llama", "-o", str(out), "--overwrite", "-q", cwd=tmp_path)
-        assert r.returncode == 2 and r.stderr.startswith("error: ") and "is the input" in r.stderr, r.stderr
+        # Refused up front, before the hub lookup: no builder record there (test_output_safety.py).
+        assert r.returncode == 2 and r.stderr.startswith("error: ") and "builder did not write" in r.stderr, r.stderr
         assert snapshot(tmp_path) == before
+        # The input rule, which holds even for a folder whose contents would pass.
+        with pytest.raises(BuildError, match="is the input"):
+            check_output(out, True, [cache / "models--tiny-org--tiny-llama" / "snapshots" / COMMIT])
 
 
 def test_unrelated_folder_is_never_emptied(tiny_llama, tmp_path, capsys):
@@ -78,10 +84,10 @@ def test_unrelated_folder_is_never_emptied(tiny_llama, tmp_path, capsys):
 
 def test_previous_build_is_replaced(tiny_llama, tmp_path, capsys):
     out = build(tiny_llama, tmp_path / "out", "-p", "fp32")
-    (out / "stale.txt").write_text("from the old build")
+    (out / "vision.onnx").write_text("from an older build")  # a file a build writes, but not this one
     rc, err = run(capsys, "-m", str(tiny_llama), "-o", str(out), "--overwrite", "-q", "-p", "fp32")
     assert rc == 0, err
-    assert (out / "model.onnx").is_file() and not (out / "stale.txt").exists()
+    assert (out / "model.onnx").is_file() and not (out / "vision.onnx").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 

@@ -84,10 +84,10 @@ def test_partial_rotary_factor_is_ignored_as_transformers_does(tmp_path, config_
 
 
 def test_partial_rotary_with_scaled_rope_is_refused():
-    from architectures.llama import parse_config
+    from architectures import load
 
     from builder.errors import BuildError
 
     with pytest.raises(BuildError, match="partial_rotary_factor and linear rope"):
-        parse_config({"partial_rotary_factor": 0.5, "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
-                     "LlamaForCausalLM")
+        raw = {"partial_rotary_factor": 0.5, "rope_scaling": {"rope_type": "linear", "factor": 2.0}}
+        load("LlamaForCausalLM").parse_config(raw, "LlamaForCausalLM")

@@ -73,10 +73,10 @@ def test_crafting_snippet_saves_a_folder_genai_runs_like_a_build(tmp_path):
         assert (crafted / name).read_bytes() == (built / name).read_bytes(), name
     assert greedy(crafted, GENAI_PROMPT, 30) == greedy(built, GENAI_PROMPT, 30)
     # A crafted folder holds build.yaml: saving it again with overwrite=True replaces it.
-    (crafted / "stale.txt").write_text("")
+    (crafted / "stale.onnx").write_text("")  # named as a build's file: --overwrite replaces only those
     run_snippet(snippet("## Crafting a model in Python").replace('"out/my-llama"', '"out/my-llama", overwrite=True'),
                 tmp_path)
-    assert not (crafted / "stale.txt").exists() and (crafted / "model.onnx").is_file()
+    assert not (crafted / "stale.onnx").exists() and (crafted / "model.onnx").is_file()
 
 
 @pytest.mark.parametrize("config_class, extra", [

@@ -1,0 +1,195 @@
+"""A decoder family, declared in the one file that defines it, and the decoder body families share.
+
+An architecture module ends with its declaration; the registry (architectures/__init__.py), the
+CLI's `--list-architectures` and the README's table are read from these, never written twice:
+
+    FAMILY = register(Family(
+        "llama", LlamaConfig, decoder_layer, VARIANTS,
+        structure=STRUCTURE, ignored=("model.layers.*.self_attn.rotary_emb.inv_freq",),
+    ))
+
+The shared body (`Family.build`) records, in this order: the rotary tables (`rotary` hook), the
+sequence lengths GroupQueryAttention reads (made the first time a hook asks, so a LongRoPE table
+that needs them comes after them), `prepare` (anything the layers share), the vocabulary, the
+embedding (`embed`), the residual stream (`stream`), each layer (`layer(d, w, i)` -> its present
+key and value), the final norm (`final_norm`) and the logits (`logits`). Every hook takes the
+per-build `Decoder`, so a layer function reads like the modeling file's forward:
+
+    def decoder_layer(d: Decoder, w: Weights, i: int):
+        h = d.stream.norm(w("input_layernorm.weight", d.c.hidden_size))
+        ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import onnx_ir as ir
+
+from builder.architecture import Weights, decoder_layers, vocabulary
+from builder.blocks.attention import SequenceLengths, sequence_lengths
+from builder.blocks.residual import ResidualStream
+from builder.blocks.rope import Rope, rotary_tables, rotary_tables_by_layer_type
+from builder.blocks.vocabulary import Vocabulary
+from builder.checkpoint import Checkpoint
+from builder.errors import BuildError
+from builder.graph import Graph
+from builder.hf_config import from_dict, rope_parameters
+from builder.io import DecoderIO
+from builder.target import Target
+
+
+@dataclass(eq=False)
+class Decoder:
+    """One build of one decoder: what every hook and layer reads, and what the body makes on the
+    way (`rotary`, `prepared`, `vocab`, `stream`), set before the hooks that use them run."""
+
+    g: Graph
+    io: DecoderIO
+    ckpt: Checkpoint
+    c: Any  # the family's config
+    target: Target
+    rotary: Any = None  # the rotary tables (per layer type for families that rotate them apart)
+    prepared: Any = None  # what the family's `prepare` hook returned
+    vocab: Vocabulary | None = None
+    stream: ResidualStream | None = None
+
+    @cached_property
+    def lengths(self) -> SequenceLengths:
+        return sequence_lengths(self.g, self.io.attention_mask)
+
+    def past(self, layer: int) -> tuple[ir.Value, ir.Value]:
+        return self.io.past[layer]
+
+
+def rotary(d: Decoder) -> Any:
+    """The rotary tables of `c.rope_parameters` over the whole head (`Rope.from_parameters`)."""
+    c = d.c
+    rope = Rope.from_parameters(c.rope_parameters, c.head_dim, c.max_position_embeddings)
+    return rotary_tables(d.g, rope, c.max_position_embeddings, d.target)
+
+
+def rotary_by_layer_type(d: Decoder) -> dict[str, Any]:
+    """The rotary tables per layer type (`rotary_tables_by_layer_type`: one set shared by every type,
+    or each type its own when `c.rope_parameters` has one dict per type); a layer reads
+    `d.rotary[c.layer_types[i]]`."""
+    c = d.c
+    return rotary_tables_by_layer_type(d.g, c.rope_parameters, c.layer_types, c.head_dim, c.max_position_embeddings,
+                                       d.target)
+
+
+def tied_vocabulary(d: Decoder) -> Vocabulary:
+    """model.embed_tokens and lm_head, tied as transformers 5 ties them (builder.architecture.vocabulary)."""
+    return vocabulary(d.g, d.ckpt, d.target, (d.c.vocab_size, d.c.hidden_size), d.c.tie_word_embeddings)
+
+
+def embed(d: Decoder) -> ir.Value:
+    return d.vocab.embed(d.g, d.io.input_ids)
+
+
+def rms_stream(d: Decoder, x: ir.Value) -> ResidualStream:
+    return ResidualStream(d.g, x, d.c.rms_norm_eps, d.target)
+
+
+def final_norm(d: Decoder) -> ir.Value:
+    """model.norm over the residual stream."""
+    with d.g.scope("model", "norm"):
+        return d.stream.norm(d.ckpt.weight("model.norm.weight", (d.c.hidden_size,)))
+
+
+def logits(d: Decoder, h: ir.Value) -> ir.Value:
+    return d.vocab.logits(d.g, h)
+
+
+def parse(family: Family, raw: dict[str, Any], architecture: str) -> Any:
+    """The config of `architecture`: config.json over its VARIANTS row, rotary settings resolved as
+    transformers standardizes them (the row's `default_theta` and `partial_rotary_factor` where
+    config.json has none), then its STRUCTURE row (facts the modeling file fixes)."""
+    defaults = dict(family.variants[architecture])
+    # The length scaled rotary settings default to: config.json's, the row's, else the config class's.
+    max_pos = raw.get("max_position_embeddings",
+                      defaults.get("max_position_embeddings", family.config.max_position_embeddings))
+    rope = rope_parameters(raw, max_pos, defaults.pop("default_theta", 10_000.0))
+    if "partial_rotary_factor" in defaults:  # the config class's share of the head that rotates (Phi's 0.5)
+        rope.setdefault("partial_rotary_factor", defaults.pop("partial_rotary_factor"))
+    return from_dict(family.config, raw, defaults, rope_parameters=rope, **family.structure.get(architecture, {}))
+
+
+@dataclass(frozen=True)
+class Family:
+    """A decoder family: its architectures (`variants`: architecture -> transformers' config
+    defaults for it), config dataclass, layer, and the hooks it changes around the shared body.
+
+    `structure`: per architecture, facts its modeling file fixes whatever config.json says.
+    `ignored`: fnmatch patterns of checkpoint tensors deliberately unused. `quant_methods`: the
+    pre-quantized `quant_method`s it reads itself (gpt-oss's mxfp4). `package`: the module in
+    architectures/ that builds the other models of a multimodal checkpoint, per architecture.
+    `weights`/`prefix`: how a layer's tensors are read (`{prefix}layers.{i}.`), a callable taking
+    the Decoder where the prefix depends on the checkpoint."""
+
+    name: str
+    config: type
+    layer: Callable[[Decoder, Weights, int], tuple[ir.Value, ir.Value]]
+    variants: dict[str, dict[str, Any]]
+    structure: dict[str, dict[str, Any]] = field(default_factory=dict)
+    ignored: tuple[str, ...] = ()
+    quant_methods: tuple[str, ...] = ()
+    package: dict[str, str] = field(default_factory=dict)
+    parser: Callable[[Family, dict[str, Any], str], Any] = parse
+    rotary: Callable[[Decoder], Any] = rotary
+    prepare: Callable[[Decoder], Any] | None = None
+    vocabulary: Callable[[Decoder], Vocabulary] = tied_vocabulary
+    embed: Callable[[Decoder], ir.Value] = embed
+    stream: Callable[[Decoder, ir.Value], ResidualStream] = rms_stream
+    weights: type[Weights] = Weights
+    prefix: str | Callable[[Decoder], str] = "model."
+    final_norm: Callable[[Decoder], ir.Value] = final_norm
+    logits: Callable[[Decoder, ir.Value], ir.Value] = logits
+
+    @property
+    def architectures(self) -> tuple[str, ...]:
+        return tuple(self.variants)
+
+    def with_(self, **changes: Any) -> Family:
+        """This family with other rows or hooks: a family that is another's decoder with its own
+        architectures (Ministral on Llama's) says only what differs."""
+        return dataclasses.replace(self, **changes)
+
+    def parse_config(self, raw: dict[str, Any], architecture: str) -> Any:
+        return self.parser(self, raw, architecture)
+
+    def build(self, g: Graph, io: DecoderIO, ckpt: Checkpoint, c: Any,
+              target: Target) -> tuple[ir.Value, list[tuple[ir.Value, ir.Value]]]:
+        """The decoder graph: returns (logits, the present key and value of every layer)."""
+        d = Decoder(g, io, ckpt, c, target)
+        d.rotary = self.rotary(d)
+        d.lengths  # noqa: B018 - recorded here unless the rotary tables already needed them
+        d.prepared = self.prepare(d) if self.prepare is not None else None
+        d.vocab = self.vocabulary(d)
+        d.stream = self.stream(d, self.embed(d))
+        prefix = self.prefix(d) if callable(self.prefix) else self.prefix
+        presents = decoder_layers(g, ckpt, c.num_hidden_layers, lambda i, w: self.layer(d, w, i), prefix, self.weights)
+        return self.logits(d, self.final_norm(d)), presents
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def register(family: Family) -> Family:
+    """Adds `family` to the registry (architectures/__init__.py imports every module, so each
+    declaration registers itself); an architecture claimed twice is a bug, refused."""
+    for architecture in family.architectures:
+        for other in FAMILIES.values():
+            if architecture in other.variants and other.name != family.name:
+                raise BuildError(f"{architecture} is declared by both architectures/{other.name}.py and "
+                                 f"architectures/{family.name}.py")
+    FAMILIES[family.name] = family
+    return family
+
+
+__all__ = ["FAMILIES", "Decoder", "Family", "embed", "final_norm", "logits", "parse", "register", "rms_stream",
+           "rotary", "rotary_by_layer_type", "tied_vocabulary"]
