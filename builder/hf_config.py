@@ -138,6 +138,8 @@ def _check_number(key: str, value: Any, float_field: bool, name: str, source: st
         raise BuildError(f"{source}: {name} is {_shown(value)}; expected a positive {kind}")
     if not float_field and key not in SIGNED and value < 0:
         raise BuildError(f"{source}: {name} is {_shown(value)}; expected an integer of at least 0")
+    if not float_field and abs(value) > INT32_MAX:  # ONNX Runtime and genai read sizes and ids as int32
+        raise BuildError(f"{source}: {name} is {_shown(value)}; expected an integer below 2^31")
 
 
 def check_together(values: dict[str, Any], fields: dict[str, dataclasses.Field], key_prefix: str = "") -> None:
@@ -254,6 +256,8 @@ def check_rope(params: dict[str, Any], name: str, source: str = "config.json") -
         return
     for key, value in params.items():
         where = f"{source}: {f'{name}.' if name else ''}{key} is {_shown(value)}"
+        if value is None and key == "rope_theta":  # every other rotary setting may be null (computed)
+            raise BuildError(f"{where}; expected a positive finite number")
         if value is None:
             continue
         if key in ROPE_POSITIVE and not _positive_number(value):

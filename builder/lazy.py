@@ -114,12 +114,18 @@ class Weight:
 
     @staticmethod
     def concat(weights: Sequence[Weight], axis: int = 0) -> Weight:
-        """Joins weights along `axis` (QKV fusion); they must share dtype and the other dims.
-        When written, each part is copied straight into its slice of the output: the fused
-        tensor is never held twice."""
-        first = weights[0]
+        """Joins weights along `axis` (QKV fusion); they must share the other dims. Float parts of
+        different dtypes (a checkpoint may store k_proj in F16 beside a BF16 q_proj) are joined in
+        the dtype that holds them all exactly (float32 for float16 with bfloat16). When written,
+        each part is copied straight into its slice of the output: the fused tensor is never held
+        twice."""
         if len(weights) == 1:
-            return first
+            return weights[0]
+        dtypes = {w.dtype for w in weights}
+        if len(dtypes) > 1 and all(_is_float(d) for d in dtypes):
+            common = _common_float(dtypes)
+            weights = [w.astype(common) for w in weights]
+        first = weights[0]
         shape = list(first.shape)
         axis %= len(shape)
         for w in weights[1:]:
@@ -203,3 +209,16 @@ class Weight:
         materialize.row_blocks)."""
         with contextlib.ExitStack() as stack:
             yield from row_blocks(self._compute(stack), self.shape, self.dtype)
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" or dtype.name == "bfloat16"
+
+
+def _common_float(dtypes: set[np.dtype]) -> np.dtype:
+    """The smallest float dtype that holds every value of each of `dtypes`."""
+    try:
+        common = np.result_type(*dtypes)
+    except TypeError:  # bfloat16 with float16: no numpy promotion
+        return np.dtype(np.float32)
+    return common if common.kind == "f" else np.dtype(np.float32)

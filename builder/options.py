@@ -8,6 +8,7 @@ metadata. Validation runs when the options are made, before any file is read, an
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -162,6 +163,10 @@ class BuildOptions:
                 raise OptionError("search", f"unknown key {key!r}; allowed: {', '.join(SEARCH_KEYS)}")
             if isinstance(value, bool) != (SEARCH_KEYS[key] == (bool,)) or not isinstance(value, SEARCH_KEYS[key]):
                 raise OptionError("search", f"{key} must be {' or '.join(t.__name__ for t in SEARCH_KEYS[key])}, got {value!r}")
+            if isinstance(value, float) and not math.isfinite(value):  # NaN is not JSON: genai could not read it
+                raise OptionError("search", f"{key} must be a finite number, got {value!r}")
+            if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value < 2**31:
+                raise OptionError("search", f"{key} must be an integer from 0 to 2^31 - 1, got {value!r}")
 
     def _resolve_quantization(self) -> None:
         """Quantization options default to None ("not given"): a quantized build fills in the

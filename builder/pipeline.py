@@ -38,6 +38,7 @@ from builder.preflight import (
     check_context_length,
     check_float_layers,
     check_layer_count,
+    check_sizes_fit,
     check_tokenizer_files,
     warn_if_bf16_rounds_stored_scales,
 )
@@ -99,9 +100,11 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     graph; reads no weight."""
     inp = read_input(folder)
     raw = inp.config
-    names = [architectures.canonical(n) for n in raw.get("architectures") or []]
-    if not names:
-        raise BuildError(f"{folder / 'config.json'} names no architecture (the 'architectures' key)")
+    given = raw.get("architectures")
+    if not (isinstance(given, list) and given and all(isinstance(n, str) for n in given)):
+        raise BuildError(f"{inp.config_path}: 'architectures' must be a list of class names such as "
+                         f"[\"LlamaForCausalLM\"], got {json.dumps(given)[:80]}")
+    names = [architectures.canonical(n) for n in given]
     if raw.get("auto_map") and names[0] not in architectures.ARCHITECTURES:
         raise BuildError(
             f"{names[0]} needs the checkpoint's own Python code (auto_map / trust_remote_code), which "
@@ -113,6 +116,7 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     checkpoint, adapter = open_checkpoint(inp, options)
     check_layer_count(raw, checkpoint.tensors)  # before the config makes anything per layer
     config = family.parse_config(raw, names[0])
+    check_sizes_fit(config, checkpoint.tensors)
     info = decoder_info(config)
     target = options.target().with_layers(info.num_layers)
     check_context_length(target, info.context_length)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -57,6 +58,23 @@ def check_layer_count(raw: dict[str, Any], tensor_names: Iterable[str]) -> None:
         have = f"layers 0 to {held - 1}" if held else "no decoder layer (model.layers.N.*)"
         raise BuildError(f"config.json says num_hidden_layers {max(counts)}, but the checkpoint's tensors hold "
                          f"{have}: a truncated checkpoint, or a config.json of another model")
+
+
+# Sizes a config gives that the graph makes tables or shapes of before reading the tensors that
+# would contradict them (the rotary tables are sized by head_dim).
+TENSOR_SIZES = ("head_dim", "hidden_size", "intermediate_size")
+
+
+def check_sizes_fit(config: Any, tensors: dict[str, Any]) -> None:
+    """Refuses a head_dim, hidden_size or intermediate_size larger than the checkpoint's largest
+    tensor holds elements: no such model exists, and the rotary tables it sizes (built before the
+    first projection's shape is checked) would exhaust memory first (head_dim 10^9)."""
+    largest = max((math.prod(t.shape) for t in tensors.values()), default=0)
+    for name in TENSOR_SIZES:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > largest:
+            raise BuildError(f"config.json: {name} is {value}, larger than any tensor of the checkpoint "
+                             f"(the largest holds {largest} values): a config.json of another model")
 
 
 def check_context_length(target: Target, max_position_embeddings: int) -> None:

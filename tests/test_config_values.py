@@ -58,7 +58,11 @@ BAD_CONFIG = {
     "tie_word_embeddings-string": ({"tie_word_embeddings": "yes"}, "tie_word_embeddings"),
     "rms_norm_eps-string": ({"rms_norm_eps": "1e-5"}, "rms_norm_eps"),
     "text_config-list": ({"architectures": ["Gemma3ForConditionalGeneration"], "text_config": [1, 2]}, "text_config"),
+    "architectures-true": ({"architectures": True}, "architectures"),
+    "rope_theta-null": ({"rope_theta": None}, "rope_theta"),
     # sizes and counts
+    "head_dim-past-every-tensor": ({"head_dim": 10**9}, "head_dim"),  # was a MemoryError sizing rotary tables
+    "max_position_embeddings-2^64": ({"max_position_embeddings": 2**64}, "max_position_embeddings"),
     "num_key_value_heads-0": ({"num_key_value_heads": 0}, "num_key_value_heads"),
     "num_key_value_heads-3": ({"num_key_value_heads": 3}, "num_key_value_heads"),  # was one line
     "heads-do-not-divide-hidden": ({"num_attention_heads": 3, "num_key_value_heads": 1, "head_dim": DELETE},
