@@ -263,6 +263,11 @@ class StreamedTensor(ir.LazyTensor):
             del piece  # before the next one is computed
 
 
+# Seconds a by-product of a StackedResult waits for its main part's stream to begin before
+# computing everything at once itself (the writer's threads start both within milliseconds).
+STREAM_START_WAIT = 2.0
+
+
 class StackedResult:
     """One computation per expert feeding several stacked tensors (a QMoE's codes, scales and zero
     points, each [E, ...]): `compute(e)` returns expert e's piece of every part. The `main` part
@@ -297,6 +302,7 @@ class StackedResult:
             whole = self._take_locked(self._main) if self._ready is not None else None
             if whole is None:
                 self._streaming, self._failed = True, None
+                self._state.notify_all()  # a by-product waiting for the stream to begin
         if whole is not None:  # already computed whole (a by-product was asked for first)
             yield from whole
             return
@@ -321,6 +327,11 @@ class StackedResult:
 
     def _take(self, part: str) -> np.ndarray:
         with self._state:
+            if part != self._main and self._ready is None and self._main not in self._taken:
+                # The writer asks for the main part first (write_order), but another thread may
+                # reach this by-product before the main part's stream has begun: give it a moment
+                # to begin rather than computing every expert at once (the whole codes in memory).
+                self._state.wait_for(lambda: self._streaming or self._ready is not None, STREAM_START_WAIT)
             self._state.wait_for(lambda: not self._streaming)
             if self._failed is not None:
                 raise RuntimeError(f"the computation of part {part!r} failed") from self._failed

@@ -221,3 +221,28 @@ def test_blocks_concat_reblocks_and_refuses_different_input_orders(caplog):
     assert Blocks.concat([part(32, order)[0], part(32, order.copy())[0]]).input_order is not None
     assert Blocks.concat([part(32, order)[0], part(32, rng.permutation(64))[0]]) is None
     assert "different act-order permutations" in caplog.text
+
+
+def test_a_by_product_asked_for_just_before_the_stream_begins_waits_for_it():
+    # Two writer threads: one reaches the scales a moment before the other begins streaming the
+    # codes. The scales' thread computed every expert at once, holding all the codes (what made
+    # test_quantized_stack_is_written_holding_one_expert fail now and then); it now waits.
+    import threading
+    import time
+
+    from builder.materialize import StackedResult
+
+    parts = {"data": ((4, 2), np.uint8), "scales": ((4, 1), np.float32)}
+    result = StackedResult(4, lambda e: {"data": np.full(2, e, np.uint8), "scales": np.full(1, e, np.float32)}, parts)
+    result._compute_all = lambda: pytest.fail("computed every expert at once")
+    streamed = []
+
+    def stream_later():
+        time.sleep(0.2)
+        streamed.extend(result._stream())
+
+    writer = threading.Thread(target=stream_later)
+    writer.start()
+    scales = result._take("scales")
+    writer.join()
+    assert scales[:, 0].tolist() == [0, 1, 2, 3] and [int(s[0]) for s in streamed] == [0, 1, 2, 3]
