@@ -17,12 +17,12 @@ import onnx_ir as ir
 
 from builder.architecture import Weights, attention_weights, vocabulary
 from builder.blocks import AttentionSpec, ResidualStream, Vocabulary, gated_mlp, self_attention
-from builder.checkpoint import Checkpoint
 from builder.decoder_config import DecoderConfig
 from builder.errors import BuildError
 from builder.family import Decoder, Family, register, rotary_by_layer_type
 from builder.graph import Graph
 from builder.hf_config import from_dict, rope_parameters, rope_parameters_by_layer_type, text_config
+from builder.inputs.source import Checkpoint
 from builder.lazy import Weight
 from builder.target import Target
 

@@ -33,11 +33,12 @@ import onnx_ir as ir
 
 from architectures import gemma3_vision
 from architectures.gemma import GemmaConfig, text_vocabulary
-from builder.checkpoint import Checkpoint
+from builder.config_checks import token_id
 from builder.errors import BuildError
 from builder.graph import Graph
-from builder.hf_config import read_json, token_id
+from builder.hf_config import read_json
 from builder.image_processor import PROCESSOR_FILE, extensions_processor
+from builder.inputs.source import Checkpoint
 from builder.io import BATCH, SEQUENCE
 from builder.target import Target
 

@@ -25,10 +25,11 @@ import onnx_ir as ir
 from architectures.gemma import GemmaWeights
 from builder.architecture import Weights
 from builder.blocks import ResidualStream, linear, plain_mlp, rms_norm
-from builder.checkpoint import Checkpoint
+from builder.config_checks import config_object, config_value
 from builder.errors import BuildError
 from builder.graph import Graph
-from builder.hf_config import config_object, config_value, from_dict
+from builder.hf_config import from_dict
+from builder.inputs.source import Checkpoint
 from builder.target import Target
 
 __all__ = ["IGNORED", "Gemma3VisionConfig", "build", "parse_config", "vision_model"]

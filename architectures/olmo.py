@@ -19,9 +19,10 @@ import onnx_ir as ir
 from builder.architecture import Weights, attention_weights
 from builder.blocks import AttentionSpec, ResidualStream, gated_mlp, self_attention
 from builder.blocks.attention import AttentionWeights
+from builder.config_checks import rope_sources
 from builder.decoder_config import DecoderConfig
 from builder.family import Decoder, Family, parse, register, rotary_by_layer_type
-from builder.hf_config import SCALED_ROPE_TYPES, from_dict, rope_sources
+from builder.hf_config import SCALED_ROPE_TYPES, from_dict
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "OlmoForCausalLM": dict(model_type="olmo"),

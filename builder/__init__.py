@@ -12,9 +12,9 @@ Or craft a decoder from blocks, with lazy weights from any safetensors files, an
 """
 
 from builder import blocks
-from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
 from builder.graph import Graph
+from builder.inputs.safetensors import SafetensorsCheckpoint as Checkpoint  # a safetensors folder's tensors
 from builder.io import DecoderIO
 from builder.lazy import Weight
 from builder.options import BuildOptions

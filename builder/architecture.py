@@ -12,9 +12,9 @@ import onnx_ir as ir
 
 from builder.blocks.attention import AttentionWeights
 from builder.blocks.vocabulary import Vocabulary
-from builder.checkpoint import Checkpoint
+from builder.config_checks import token_ids, warn_past_vocabulary
 from builder.graph import Graph
-from builder.hf_config import token_ids, warn_past_vocabulary
+from builder.inputs.source import Checkpoint
 from builder.lazy import Weight
 from builder.target import Target
 

@@ -35,10 +35,10 @@ from builder.blocks.attention import SequenceLengths, sequence_lengths
 from builder.blocks.residual import ResidualStream
 from builder.blocks.rope import Rope, rotary_tables, rotary_tables_by_layer_type
 from builder.blocks.vocabulary import Vocabulary
-from builder.checkpoint import Checkpoint
 from builder.errors import BuildError
 from builder.graph import Graph
 from builder.hf_config import from_dict, rope_parameters
+from builder.inputs.source import Checkpoint
 from builder.io import DecoderIO
 from builder.target import Target
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.architecture import DecoderInfo
-from builder.hf_config import token_ids
+from builder.config_checks import token_ids
 from builder.hub import TOKENIZER_FILES
 from builder.io import PAST_KEY, PAST_VALUE, PRESENT_KEY, PRESENT_VALUE
 from builder.target import Target
@@ -25,6 +25,25 @@ def genai_config(
     """The decoder's genai_config.json. generation_config.json's token ids and sampling settings
     override config.json's; the build's own `search` settings override both. `inputs_embeds`: the
     decoder reads embeddings (a multimodal package's) instead of input_ids."""
+    bos, eos, pad = _special_tokens(info, generation)
+    model: dict[str, Any] = {} if bos is None else {"bos_token_id": bos}  # genai rejects a null id
+    return {
+        "model": {
+            **model,
+            "context_length": info.context_length,
+            "decoder": _decoder_section(info, target, filename, inputs_embeds),
+            "eos_token_id": eos if len(eos) != 1 else eos[0],
+            "pad_token_id": pad,
+            "type": info.model_type,
+            "vocab_size": info.vocab_size,
+        },
+        "search": _search_section(info, generation, search),
+    }
+
+
+def _special_tokens(info: DecoderInfo, generation: dict[str, Any]) -> tuple[int | None, list[int], int]:
+    """(bos id or None, eos ids, pad id): generation_config.json's where it sets them, else
+    config.json's; without a pad id, the first eos id pads (0 without one either)."""
     bos = generation.get("bos_token_id", info.bos_token_id)
     eos = token_ids(generation.get("eos_token_id")) or info.eos_token_ids
     pad = generation.get("pad_token_id", info.pad_token_id)
@@ -32,6 +51,12 @@ def genai_config(
         pad = eos[0] if eos else 0
     if isinstance(pad, list):
         pad = pad[0]
+    return bos, eos, pad
+
+
+def _decoder_section(info: DecoderInfo, target: Target, filename: str, inputs_embeds: bool) -> dict[str, Any]:
+    """model.decoder: the session, the file, the shapes and the names of the inputs and outputs,
+    and the sliding-window cache where the build writes one."""
     provider_options = [] if target.execution_provider == "cpu" else [{target.execution_provider: {}}]
     decoder: dict[str, Any] = {
         "session_options": {"log_id": "onnxruntime-genai", "provider_options": provider_options},
@@ -59,32 +84,26 @@ def genai_config(
             "layers": info.sliding_window_layers,
             "cache_slack": 0,
         }
+    return decoder
+
+
+def _search_section(info: DecoderInfo, generation: dict[str, Any], search: dict[str, Any] | None) -> dict[str, Any]:
+    """search: one beam, up to the context length, with the sampling settings of
+    generation_config.json (SEARCH_DEFAULTS where it has none), then the build's own `search`."""
     sampling = {k: generation[k] if generation.get(k) is not None else v for k, v in SEARCH_DEFAULTS.items()}
-    model: dict[str, Any] = {} if bos is None else {"bos_token_id": bos}  # genai rejects a null id
     return {
-        "model": {
-            **model,
-            "context_length": info.context_length,
-            "decoder": decoder,
-            "eos_token_id": eos if len(eos) != 1 else eos[0],
-            "pad_token_id": pad,
-            "type": info.model_type,
-            "vocab_size": info.vocab_size,
-        },
-        "search": {
-            "diversity_penalty": 0.0,
-            "early_stopping": True,
-            "length_penalty": 1.0,
-            "max_length": info.context_length,
-            "min_length": 0,
-            "no_repeat_ngram_size": 0,
-            "num_beams": 1,
-            "num_return_sequences": 1,
-            # GroupQueryAttention reads and writes the KV cache in place in one max-length buffer.
-            "past_present_share_buffer": True,
-            **sampling,
-            **(search or {}),
-        },
+        "diversity_penalty": 0.0,
+        "early_stopping": True,
+        "length_penalty": 1.0,
+        "max_length": info.context_length,
+        "min_length": 0,
+        "no_repeat_ngram_size": 0,
+        "num_beams": 1,
+        "num_return_sequences": 1,
+        # GroupQueryAttention reads and writes the KV cache in place in one max-length buffer.
+        "past_present_share_buffer": True,
+        **sampling,
+        **(search or {}),
     }
 
 

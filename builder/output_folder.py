@@ -45,7 +45,7 @@ def check_output(folder: Path, overwrite: bool, inputs: Iterable[Path] = (), fla
 
 def _real_path(path: Path) -> Path:
     """Where `path` leads, through however many links; a link loop is left unresolved (as
-    builder/trust.py judges one) where Path.resolve() would raise RuntimeError."""
+    builder/inputs/trust.py judges one) where Path.resolve() would raise RuntimeError."""
     return Path(os.path.realpath(path))
 
 

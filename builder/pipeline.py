@@ -17,20 +17,16 @@ import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
 
 import architectures
-from builder import gguf_checkpoint, gguf_tokenizer, hub, lora, record
+from builder import hub, record
 from builder.architecture import DecoderInfo, decoder_info
-from builder.checkpoint import Checkpoint
 from builder.digests import hash_inputs
 from builder.errors import BuildError
 from builder.genai_config import genai_config, with_vision
 from builder.graph import Graph
-from builder.hf_config import generation_config
 from builder.hub import TOKENIZER_FILES
-from builder.inputs import (
-    check_quantization,
-    open_checkpoint,
-    read_input,
-)
+from builder.inputs.lora import Adapter, with_adapter
+from builder.inputs.read import read_input
+from builder.inputs.source import Checkpoint, Source
 from builder.io import DecoderIO
 from builder.options import BuildOptions
 from builder.output_folder import check_output
@@ -39,7 +35,6 @@ from builder.preflight import (
     check_float_layers,
     check_layer_count,
     check_sizes_fit,
-    check_tokenizer_files,
     warn_if_bf16_rounds_stored_scales,
 )
 from builder.report import Estimate, combined, estimate
@@ -55,7 +50,7 @@ log = logging.getLogger("builder")
 class Plan:
     """A model ready to be written: the graph with lazy weights and everything said about it."""
 
-    source: Path
+    folder: Path  # the model folder (or GGUF file)
     architecture: str
     config: Any
     info: DecoderInfo
@@ -64,8 +59,8 @@ class Plan:
     generation: dict[str, Any]
     estimate: Estimate
     graph_sources: dict[str, tuple[str, ...]]  # initializer -> the checkpoint tensors it reads
-    gguf_metadata: dict[str, Any] | None = None  # a GGUF source's metadata (its tokenizer)
-    adapter: lora.Adapter | None = None  # a LoRA adapter merged into the weights
+    source: Source  # what `folder` holds, in its format (and the files that format writes into the output)
+    adapter: Adapter | None = None  # a LoRA adapter merged into the weights
     package: Any = None  # an image-and-text model's other models (architectures.PACKAGES), or None
     estimates: dict[str, Estimate] | None = None  # each model's own (file stem -> estimate)
 
@@ -111,9 +106,9 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
             f"builder never runs; supported: {', '.join(sorted(architectures.ARCHITECTURES))}"
         )
     known = names[0] in architectures.ARCHITECTURES
-    check_quantization(inp, architectures.load(names[0]).quant_methods if known else ())
+    inp.check_quantization(architectures.load(names[0]).quant_methods if known else ())
     family = architectures.load(names[0])
-    checkpoint, adapter = open_checkpoint(inp, options)
+    checkpoint, adapter = with_adapter(inp.open_checkpoint(), options)
     check_layer_count(raw, checkpoint.tensors)  # before the config makes anything per layer
     config = family.parse_config(raw, names[0])
     check_sizes_fit(config, checkpoint.tensors)
@@ -122,9 +117,8 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     check_context_length(target, info.context_length)
     if target.context_length:
         info = dataclasses.replace(info, context_length=target.context_length)
-    blocks = inp.gguf is not None and any(t.kind not in gguf_checkpoint.FLOAT for t in inp.gguf_checkpoint.gguf.values())
-    warn_if_bf16_rounds_stored_scales(inp.quantized is not None or blocks, target)
-    packager = None if options.text_only or inp.gguf is not None else architectures.load_package(names[0])
+    warn_if_bf16_rounds_stored_scales(inp.stores_blocks, target)
+    packager = architectures.load_package(names[0]) if inp.can_package and not options.text_only else None
     package = packager.package(raw, folder, checkpoint, config, target) if packager is not None else None
 
     g = Graph()
@@ -137,13 +131,12 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     if target.quantization is not None:
         check_float_layers(target.quantization.float_layers, g.linears)
         check_float_layers(tuple(options.int8_layers), g.linears, "--int8-layers")
-    if inp.gguf is None:
-        check_tokenizer_files(folder)
+    inp.check_tokenizer()
     model = g.model(io.inputs, io.outputs(logits, info.vocab_size, presents))
     RemoveUnusedNodesPass()(model)
     TopologicalSortPass()(model)
 
-    generation = generation_config(folder, info.vocab_size) if inp.gguf is None else {}
+    generation = inp.generation_config(info.vocab_size)
     sources = dict(g.sources)
     estimates = {MODEL_STEM: estimate(model, _source_bytes(checkpoint, g.sources))}
     for stem, part in package.models.items() if package is not None else ():
@@ -152,7 +145,7 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
         sources.update({f"{stem}:{name}": srcs for name, srcs in package.sources[stem].items()})
         estimates[stem] = estimate(part, _source_bytes(checkpoint, package.sources[stem]))
     return Plan(folder, names[0], config, info, checkpoint, model, generation, combined(list(estimates.values())),
-                sources, inp.gguf_metadata, adapter, package, estimates)
+                sources, inp, adapter, package, estimates)
 
 
 def _source_bytes(checkpoint: Checkpoint, sources: dict[str, tuple[str, ...]]) -> dict[str, list[int]]:
@@ -189,7 +182,7 @@ def describe(p: Plan, options: BuildOptions) -> str:
     genai = len(json.dumps(genai_json(p, options), indent=4))
     parts = [f"  {stem + '.onnx.data':16s} {human(part.data_bytes)}" for stem, part in (p.estimates or {}).items()
              if stem != MODEL_STEM]
-    tokenizer = {n: (p.source / n).stat().st_size for n in TOKENIZER_FILES if (p.source / n).is_file()}
+    tokenizer = {n: (p.folder / n).stat().st_size for n in TOKENIZER_FILES if (p.folder / n).is_file()}
     lines = [
         f"architecture     {p.architecture} ({p.info.model_type}), {p.info.num_layers} layers, "
         f"hidden {p.info.hidden_size}, heads {p.info.num_attention_heads}/{p.info.num_kv_heads}, head {p.info.head_size}",
@@ -211,7 +204,7 @@ def describe(p: Plan, options: BuildOptions) -> str:
 
 
 def disk_need(p: Plan, options: BuildOptions) -> int:
-    tokenizer = sum((p.source / n).stat().st_size for n in TOKENIZER_FILES if (p.source / n).is_file())
+    tokenizer = sum((p.folder / n).stat().st_size for n in TOKENIZER_FILES if (p.folder / n).is_file())
     return p.estimate.data_bytes + p.estimate.proto_bytes + tokenizer + 64 * 1024
 
 
@@ -281,8 +274,7 @@ def build(options: BuildOptions, progress: bool = True) -> Path:
     def package_files(staging: Path) -> None:
         if p.package is not None:
             (staging / p.package.processor_file).write_text(json.dumps(p.package.processor, indent=2) + "\n")
-        if p.gguf_metadata is not None:
-            gguf_tokenizer.write_tokenizer(p.gguf_metadata, staging)
+        p.source.write_files(staging)
 
     write_output(output, {MODEL_STEM: p.model, **(p.package.models if p.package is not None else {})},
                  genai_json(p, options), folder, record_now, overwrite=options.overwrite,

@@ -12,8 +12,9 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from builder.config_checks import config_object
 from builder.errors import BuildError
-from builder.hf_config import config_object, load_json
+from builder.hf_config import load_json
 from builder.target import Target, matches
 
 log = logging.getLogger("builder")
@@ -31,7 +32,7 @@ DECODER_LAYER = re.compile(r"(?:model\.|language_model\.model\.|model\.language_
 def check_not_prequantized(raw: dict[str, Any], path: Path, accepted: tuple[str, ...] = ()) -> None:
     """A checkpoint whose weights are already quantized (bitsandbytes, HQQ, mxfp4, ...) holds packed
     integers and scales under other tensor names: refused until builder reads those formats, except
-    the quant_methods in `accepted`: AWQ and GPTQ (builder/awq_gptq.py), FP8 (builder/fp8.py) and
+    the quant_methods in `accepted`: AWQ and GPTQ (builder/inputs/awq_gptq.py), FP8 (builder/inputs/fp8.py) and
     those the architecture reads itself (gpt-oss: mxfp4)."""
     for where, cfg in (("", raw), ("text_config.", config_object(raw, "text_config"))):
         q = cfg.get("quantization_config")
@@ -47,7 +48,7 @@ def check_layer_count(raw: dict[str, Any], tensor_names: Iterable[str]) -> None:
     """Refuses a num_hidden_layers (top level or text_config's) past the layers the checkpoint's
     tensors hold, before anything is made per layer: a config saying 10^9 layers would otherwise
     allocate per-layer lists for minutes before the first missing tensor is noticed. A count that
-    is not a positive integer is left to the config's own checks (hf_config.config_value)."""
+    is not a positive integer is left to the config's own checks (config_checks.config_value)."""
     text = raw.get("text_config")
     counts = [c.get("num_hidden_layers") for c in (raw, text if isinstance(text, dict) else {})]
     counts = [n for n in counts if isinstance(n, int) and not isinstance(n, bool) and n > 0]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from builder.mapping import release
+from builder.inputs.mapping import release
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 BITS = (4, 8)

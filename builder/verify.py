@@ -76,14 +76,14 @@ def check_verifiable(options: BuildOptions) -> None:
 def _gguf_input(options: BuildOptions) -> Path | None:
     """The GGUF file a build reads, when --input or --model names one (or a folder of one); None
     otherwise (a hub id is never GGUF: builder downloads safetensors only)."""
-    from builder import gguf_checkpoint
+    from builder.inputs.gguf.checkpoint import find
 
     for given in (options.input, options.model):
         path = Path(given).expanduser() if given else None
         if path is not None and path.suffix == ".gguf":
             return path
         if path is not None and path.exists():
-            return gguf_checkpoint.find(path)
+            return find(path)
     return None
 
 
@@ -117,10 +117,10 @@ def _reference_model(folder: Path, options: BuildOptions, quiet: bool = False):
             else transformers.AutoModelForCausalLM)
     if options.adapter is None:
         model = _from_pretrained(auto, folder, torch.float32, config).eval()
-    else:  # the reference is peft's own merge, made in the base's dtype as builder's is (builder/lora.py)
+    else:  # the reference is peft's own merge, made in the base's dtype as builder's is (builder/inputs/lora.py)
         import peft
 
-        from builder.inputs import adapter_folder
+        from builder.inputs.lora import adapter_folder
 
         base = _from_pretrained(auto, folder, "auto", config)
         model = peft.PeftModel.from_pretrained(base, adapter_folder(options)).merge_and_unload()

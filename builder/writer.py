@@ -203,7 +203,7 @@ def _source_configs(source: Path | None) -> tuple[dict[str, Any], dict[str, Any]
 def crafted_info(model: ir.Model, config: dict[str, Any], target: Target):
     """The DecoderInfo genai_config.json needs, read from a graph that follows the DecoderIO contract."""
     from builder.architecture import DecoderInfo
-    from builder.hf_config import token_ids
+    from builder.config_checks import token_ids
     from builder.io import PAST_KEY, PAST_WINDOW
 
     inputs = {v.name: v for v in model.graph.inputs}

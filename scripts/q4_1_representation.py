@@ -12,7 +12,7 @@ An integer zero point cannot hold −m/d. The candidates, each a graph of `--cop
 - min-term-zp0: MatMulNBits with the codes as stored and explicit zero points 0 (d·q), plus each
   block's minimum times the sum of the block's inputs: ReduceSum(Reshape(x, [..., K/32, 32]), -1)
   · M [K/32, N], then Add. Exact in real arithmetic.
-- min-term: what builder writes (builder/gguf_blocks.py): the same with zero points 8, (q − 8)·d,
+- min-term: what builder writes (builder/inputs/gguf/blocks.py): the same with zero points 8, (q − 8)·d,
   and the offset m + 8·d (builder takes 8 where that sum is a float32 exactly, as it is for every
   block here, else 0): centred weights for accuracy_level 4's int8 activations.
 

@@ -843,7 +843,7 @@ def agrees_with_reference_reader(case: Case, path: Path) -> str | None:
     if file.suffix == ".safetensors":
         from safetensors import safe_open
 
-        from builder.checkpoint import read_header
+        from builder.inputs.safetensors import read_header
 
         ours = {n: (str(t.dtype), t.shape) for n, t in read_header(file).items()}
         try:
@@ -859,7 +859,7 @@ def agrees_with_reference_reader(case: Case, path: Path) -> str | None:
     if file.suffix == ".gguf":
         import gguf
 
-        from builder.gguf_header import read
+        from builder.inputs.gguf.header import read
 
         ours = read(file)
         try:

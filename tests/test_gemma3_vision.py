@@ -13,7 +13,7 @@ from safetensors.numpy import load_file, save_file
 from test_parity_gemma import make_gemma3_multimodal
 
 from architectures import gemma3_vision
-from builder.checkpoint import Checkpoint
+from builder.inputs.safetensors import SafetensorsCheckpoint
 from builder.errors import BuildError
 from builder.target import Quantization, Target
 from builder.writer import save_model
@@ -65,7 +65,7 @@ def relayout(saved, folder, layout):
 
 
 def build_vision(source, out, dtype, quantization=None):
-    ckpt = Checkpoint.open(source)
+    ckpt = SafetensorsCheckpoint.open(source)
     c = gemma3_vision.parse_config(json.loads((source / "config.json").read_text()))
     model = gemma3_vision.vision_model(ckpt, c, Target(io_dtype=np.dtype(dtype), quantization=quantization))
     # Every vision tensor is used but the attention-pooling head transformers computes and drops.

@@ -139,7 +139,7 @@ def test_genai_greedy_matches_transformers(tmp_path, kind):
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_metadata_config_matches_transformers(tmp_path, arch):
-    from builder.gguf_checkpoint import GGUFCheckpoint
+    from builder.inputs.gguf.checkpoint import GGUFCheckpoint
 
     path = make_gguf(tmp_path, arch, "F32")
     raw, ckpt, _ = GGUFCheckpoint.open_file(path)

@@ -1,4 +1,4 @@
-"""GGUF's quantized types as MatMulNBits blocks (builder/gguf_blocks.py): for every type, the
+"""GGUF's quantized types as MatMulNBits blocks (builder/inputs/gguf/blocks.py): for every type, the
 blocks' values — (code − zero point)·scale + offset, in float64 — rounded once to float32 equal
 gguf-py's own dequantization (the numbers transformers loads) bit for bit."""
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from gguf_files import random_blocks
 
-from builder.gguf_blocks import LAYOUT, WITH_MINIMUM, gguf_blocks
+from builder.inputs.gguf.blocks import LAYOUT, WITH_MINIMUM, gguf_blocks
 
 
 def block_values(arrays, bits: int, block: int) -> np.ndarray:

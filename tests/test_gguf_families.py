@@ -4,7 +4,7 @@ fused attn_qkv / ffn_up), built with the CLI and compared with transformers.
 
 transformers' GGUF loader leaves some keys the file states at its config defaults (UNREAD): the
 soft-caps, Gemma 3's rotary scaling, Phi-3's window and partial rotary, and query_pre_attn_scalar
-(the file has none; llama.cpp scales by head_dim, see gguf_checkpoint.Family.layers_27b). The
+(the file has none; llama.cpp scales by head_dim, see builder.inputs.gguf.names.Family.layers_27b). The
 reference is transformers loading the same file with those keys given as the source states them,
 and, for F32 files, transformers on the float source checkpoint itself.
 """
@@ -29,7 +29,7 @@ from helpers import (
 from test_genai import MAX_LENGTH, genai_greedy
 
 from architectures import load
-from builder.gguf_checkpoint import GGUFCheckpoint
+from builder.inputs.gguf.checkpoint import GGUFCheckpoint
 
 BASE = {**TINY, "vocab_size": VOCAB, "eos_token_id": 255, "pad_token_id": 0}
 GEMMA3_ROPE = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
@@ -151,7 +151,7 @@ def test_row_slice_keeps_the_stored_blocks(tmp_path):
 def test_gemma3_without_a_window_is_all_global():
     """llama.cpp's converter writes no sliding_window for a Gemma 3 whose layers are all global;
     the layers then stay global (not Gemma3TextConfig's default 4096 window every 5 of 6)."""
-    from builder.gguf_checkpoint import config
+    from builder.inputs.gguf.metadata import config
 
     metadata = {f"gemma3.{k}": v for k, v in dict(block_count=6, embedding_length=64, feed_forward_length=128,
                                                    context_length=128, **{"attention.head_count": 4,

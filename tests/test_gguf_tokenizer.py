@@ -72,7 +72,7 @@ def test_sentencepiece_encodes_like_transformers(tmp_path, arch):
 
 def test_gemma_merges_follow_the_file_order_not_the_scores():
     """Gemma's scores do not give its merge order (transformers' gemma_tokenizer): the pieces' order does."""
-    from builder.gguf_sentencepiece import sentencepiece
+    from builder.inputs.gguf.sentencepiece import sentencepiece
 
     spm = SPM["gemma"]
     meta = {"tokenizer.ggml.tokens": spm["tokens"], "tokenizer.ggml.scores": spm["scores"]}

@@ -12,7 +12,11 @@ HEAVY = ("torch", "transformers", "onnxruntime")
 # publishing of an output knows nothing of models (renames and the lock, nothing of outputs).
 LAYERS = {
     "builder.stored_blocks": set(),
-    "builder.materialize": {"builder.mapping"},
+    # The input formats' package imports nothing on its own, so that the write-time machinery can
+    # import its memory mapping (which knows nothing else) without importing every format.
+    "builder.inputs": set(),
+    "builder.inputs.mapping": set(),
+    "builder.materialize": {"builder.inputs.mapping"},
     "builder.lazy": {"builder.stored_blocks", "builder.materialize"},
     "builder.renames": set(),
     "builder.output_lock": set(),
@@ -77,6 +81,17 @@ def test_blocks_never_reach_architectures_or_the_pipeline():
     for name, deps in modules().items():
         if name.startswith("builder.blocks"):
             assert not {d for d in deps if d.startswith(("architectures", "builder.pipeline", "builder.cli"))}, name
+
+
+def test_input_formats_never_reach_the_pipeline_architectures_or_blocks():
+    # builder/inputs/ reads files into lazy Weights; what is built from them lies above it.
+    for name, deps in modules().items():
+        if name.startswith("builder.inputs"):
+            upward = {d for d in deps if d.startswith(("architectures", "builder.pipeline", "builder.cli",
+                                                        "builder.blocks", "builder.architecture", "builder.family"))}
+            assert not upward, f"{name} imports {upward}"
+    assert {n for n in modules() if n.startswith("builder.inputs.")} >= {
+        "builder.inputs.source", "builder.inputs.read", "builder.inputs.safetensors", "builder.inputs.gguf.checkpoint"}
 
 
 def test_heavy_imports_only_in_verify():

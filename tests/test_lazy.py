@@ -11,7 +11,7 @@ import pytest
 
 from builder.blocks.moe import quantized_experts
 from builder.graph import Graph
-from builder.checkpoint import Checkpoint
+from builder.inputs.safetensors import SafetensorsCheckpoint
 from builder.lazy import Weight
 from builder.materialize import ROW_BLOCK_BYTES, STREAM_BYTES, StreamedTensor
 from builder.quantize import quantize
@@ -136,7 +136,7 @@ def test_a_large_table_is_written_a_block_of_rows_at_a_time(tmp_path, dtype):
     rows, cols = 20480, 2048
     table = (np.arange(rows, dtype=np.float32)[:, None] + RNG.standard_normal(cols).astype(np.float32)[None])
     save_file({"t": table.astype(ml_dtypes.bfloat16)}, tmp_path / "t.safetensors")
-    weight = Checkpoint.open(tmp_path).weight("t").astype(dtype)
+    weight = SafetensorsCheckpoint.open(tmp_path).weight("t").astype(dtype)
     assert weight.nbytes > STREAM_BYTES
     tensor = weight.to_ir("table")
     peak = traced_peak(lambda: save([tensor], tmp_path / "out"))

@@ -139,16 +139,16 @@ def test_build_path_imports_neither_peft_nor_torch():
     import subprocess
     import sys
 
-    code = "import sys, builder.lora, builder.pipeline; print(sorted({'peft', 'torch'} & set(sys.modules)))"
+    code = "import sys, builder.inputs.lora, builder.pipeline; print(sorted({'peft', 'torch'} & set(sys.modules)))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
 
 
 def test_merge_is_float32_and_lazy(tiny_llama, tmp_path):
-    from builder.checkpoint import Checkpoint
-    from builder.lora import Adapter, LoraCheckpoint
+    from builder.inputs.safetensors import SafetensorsCheckpoint
+    from builder.inputs.lora import Adapter, LoraCheckpoint
 
     adapter = make_adapter(tiny_llama, tmp_path / "adapter")
-    ckpt = LoraCheckpoint(Checkpoint.open(tiny_llama), Adapter.open(adapter))
+    ckpt = LoraCheckpoint(SafetensorsCheckpoint.open(tiny_llama), Adapter.open(adapter))
     w = ckpt.weight("model.layers.0.self_attn.q_proj.weight")
     assert w.dtype == np.float32 and w.shape == (64, 64)
     assert ckpt.adapter.tensors.unconsumed() == sorted(
@@ -177,12 +177,12 @@ def partial(request, tmp_path_factory):
 def test_merged_weights_are_peft_merged_weights_in_the_base_dtype(partial):
     from safetensors.numpy import load_file
 
-    from builder.checkpoint import Checkpoint
-    from builder.lora import Adapter, LoraCheckpoint
+    from builder.inputs.safetensors import SafetensorsCheckpoint
+    from builder.inputs.lora import Adapter, LoraCheckpoint
 
     base, adapter, reference_folder = partial
     want = load_file(reference_folder / "model.safetensors")
-    ckpt = LoraCheckpoint(Checkpoint.open(base), Adapter.open(adapter))
+    ckpt = LoraCheckpoint(SafetensorsCheckpoint.open(base), Adapter.open(adapter))
     changed = sorted({*ckpt.deltas, *ckpt.replaced})
     assert len(changed) == 2 * 2 + 2  # q and v of two layers, the embedding, lm_head
     for name in [*changed, "model.layers.0.self_attn.k_proj.weight"]:

@@ -14,7 +14,7 @@ import pytest
 from fuzz_cases import DEEP, GGUFLayout, cli, gguf_field, gguf_tensors, gguf_value
 from safetensors import safe_open
 
-from builder.checkpoint import read_header
+from builder.inputs.safetensors import read_header
 from builder.errors import BuildError
 
 EXAMPLE = pathlib.Path(__file__).resolve().parent.parent / "examples" / "tiny-llama"
@@ -211,7 +211,7 @@ def test_gguf_bos_token_spelled_outside_the_byte_alphabet(bases, tmp_path):
 
 def test_sentencepiece_merges_of_a_very_long_piece_take_no_time():
     """Every split of every piece was tried: a 100 000-character piece took seconds (O(length^2))."""
-    from builder.gguf_sentencepiece import merges
+    from builder.inputs.gguf.sentencepiece import merges
 
     tokens = ["a", "b", "ab", "ba", "a" * 100_000]
     started = time.perf_counter()

@@ -105,12 +105,12 @@ def test_build_record_rebuilds_byte_identical(tiny_llama, tmp_path, capsys):
 
 
 def test_dry_run_reads_no_weights_and_writes_nothing(tiny_llama, tmp_path, capsys, monkeypatch):
-    import builder.checkpoint
+    import builder.inputs.safetensors
 
     def no_reads(info):
         raise AssertionError(f"dry run mapped {info.name}")
 
-    monkeypatch.setattr(builder.checkpoint, "mapped", no_reads)
+    monkeypatch.setattr(builder.inputs.safetensors, "mapped", no_reads)
     rc, out, err = run(capsys, "-m", tiny_llama, "-o", tmp_path / "out", "--dry-run", "-p", "int4")
     assert rc == 0, err
     assert not (tmp_path / "out").exists()

@@ -150,13 +150,27 @@ def self_attention(
     for a layer without rotary embedding (SmolLM3's and Cohere 2's global layers).
     `q_scale` (B, S, 1) multiplies each token's query by its own factor (Ministral 3's llama-4
     attention temperature); the rotary rotation is linear, so scaling before it equals after."""
+    qkv = _qkv_projection(g, x, w, spec, target)
+    explicit = isinstance(rotary, ExplicitRotary)
+    if spec.qk_norm_after_rotary and not explicit:
+        raise ValueError("q/k norms after the rotary embedding need explicit rotary tables (rotary_tables(explicit=True))")
+    if w.q_norm is not None or w.k_norm is not None or explicit or q_scale is not None:
+        q, k, v = _queries_keys_values(g, qkv, rotary if explicit else None, lengths, w, spec, target, q_scale)
+    else:
+        q, k, v = qkv, None, None  # packed QKV input
+    if explicit:
+        rotary = None  # q and k are rotated: GroupQueryAttention runs with do_rotary=0
+    out, present_k, present_v = _group_query_attention(g, (q, k, v), past, lengths, rotary, w.sinks, spec, target)
+    with g.scope("o_proj"):
+        out = linear(g, out, w.o, target, w.o_bias)
+    return out, present_k, present_v
+
+
+def _qkv_projection(g: Graph, x: ir.Value, w: AttentionWeights, spec: AttentionSpec, target: Target) -> ir.Value:
+    """q, k and v projected by one MatMul over the concatenated weights (and biases), clipped
+    where the spec says: (B, S, hidden) -> (B, S, q_dim + 2·kv_dim)."""
     q_dim, kv_dim = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-    biases = (w.q_bias, w.k_bias, w.v_bias)
-    bias = None
-    if any(b is not None for b in biases):
-        if not all(b is not None for b in biases):
-            raise ValueError("q/k/v biases must be all present or all absent")
-        bias = Weight.concat(biases, axis=0)
+    bias = _qkv_bias(w)
     fused = w.qkv if w.qkv is not None else Weight.concat([w.q, w.k, w.v], axis=0)
     if fused.shape[0] != q_dim + 2 * kv_dim:
         raise ValueError(f"fused QKV weight has {fused.shape[0]} rows, expected {q_dim + 2 * kv_dim}")
@@ -164,33 +178,65 @@ def self_attention(
         qkv = linear(g, x, fused, target, bias)  # (B, S, q_dim + 2·kv_dim)
     if spec.clip_qkv is not None:
         qkv = g.op.Clip(qkv, g.constant(-spec.clip_qkv, target.io_dtype), g.constant(spec.clip_qkv, target.io_dtype))
+    return qkv
 
-    explicit = isinstance(rotary, ExplicitRotary)
-    if spec.qk_norm_after_rotary and not explicit:
-        raise ValueError("q/k norms after the rotary embedding need explicit rotary tables (rotary_tables(explicit=True))")
-    if w.q_norm is not None or w.k_norm is not None or explicit or q_scale is not None:
-        q, k, v = g.op.Split(qkv, g.constant([q_dim, kv_dim, kv_dim], "int64"), axis=-1, _outputs=3)
-        if explicit and spec.qk_norm_after_rotary:
-            q, k = _rotate(g, q, k, rotary, lengths, spec)
-        if w.q_norm is not None:
-            with g.scope("q_norm"):
-                q = _head_norm(g, q, w.q_norm, spec.num_heads, spec, target, w.q_norm_bias)
-        if w.k_norm is not None:
-            with g.scope("k_norm"):
-                k = _head_norm(g, k, w.k_norm, spec.num_kv_heads, spec, target, w.k_norm_bias)
-        if explicit and not spec.qk_norm_after_rotary:
-            q, k = _rotate(g, q, k, rotary, lengths, spec)
-        if q_scale is not None:
-            q = g.op.Mul(q, q_scale)  # (B, S, Hq*D) · (B, S, 1)
-    else:
-        q, k, v = qkv, None, None  # packed QKV input
-    if explicit:
-        rotary = None  # q and k are rotated: GroupQueryAttention runs with do_rotary=0
+
+def _qkv_bias(w: AttentionWeights) -> Weight | None:
+    """The q, k and v biases concatenated as the fused projection's, or None without biases."""
+    biases = (w.q_bias, w.k_bias, w.v_bias)
+    if all(b is None for b in biases):
+        return None
+    if not all(b is not None for b in biases):
+        raise ValueError("q/k/v biases must be all present or all absent")
+    return Weight.concat(biases, axis=0)
+
+
+def _queries_keys_values(g: Graph, qkv: ir.Value, rotary: ExplicitRotary | None, lengths: SequenceLengths,
+                         w: AttentionWeights, spec: AttentionSpec, target: Target,
+                         q_scale: ir.Value | None) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """q, k and v split from the projection, q and k normed per head and rotated (by `rotary`, the
+    explicit tables, when given; after the norms unless the spec says before), q scaled by `q_scale`."""
+    q_dim, kv_dim = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    q, k, v = g.op.Split(qkv, g.constant([q_dim, kv_dim, kv_dim], "int64"), axis=-1, _outputs=3)
+    if rotary is not None and spec.qk_norm_after_rotary:
+        q, k = _rotate(g, q, k, rotary, lengths, spec)
+    q, k = _qk_norms(g, q, k, w, spec, target)
+    if rotary is not None and not spec.qk_norm_after_rotary:
+        q, k = _rotate(g, q, k, rotary, lengths, spec)
+    if q_scale is not None:
+        q = g.op.Mul(q, q_scale)  # (B, S, Hq*D) · (B, S, 1)
+    return q, k, v
+
+
+def _qk_norms(g: Graph, q: ir.Value, k: ir.Value, w: AttentionWeights, spec: AttentionSpec,
+              target: Target) -> tuple[ir.Value, ir.Value]:
+    """q and k through their per-head norms, each where the checkpoint has one."""
+    if w.q_norm is not None:
+        with g.scope("q_norm"):
+            q = _head_norm(g, q, w.q_norm, spec.num_heads, spec, target, w.q_norm_bias)
+    if w.k_norm is not None:
+        with g.scope("k_norm"):
+            k = _head_norm(g, k, w.k_norm, spec.num_kv_heads, spec, target, w.k_norm_bias)
+    return q, k
+
+
+def _group_query_attention(
+    g: Graph,
+    qkv: tuple[ir.Value, ir.Value | None, ir.Value | None],
+    past: tuple[ir.Value, ir.Value],
+    lengths: SequenceLengths,
+    rotary: tuple[ir.Value, ir.Value] | None,
+    sinks: Weight | None,
+    spec: AttentionSpec,
+    target: Target,
+) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """GroupQueryAttention over q, k and v (or the packed projection, k and v None), the KV cache
+    read from `past` and written in place; `rotary` (cos, sin) when it rotates q and k itself.
+    Returns (out (B, S, num_heads·head_dim), present_key, present_value)."""
     # head_sink is input 11, after position_ids and attention_bias (unused here).
-    sink = () if w.sinks is None else (None, None, g.weight("sinks", w.sinks.astype(target.io_dtype)))
-
-    out, present_k, present_v = g.ms.GroupQueryAttention(
-        q, k, v, past[0], past[1], lengths.seqlens_k, lengths.total_sequence_length,
+    sink = () if sinks is None else (None, None, g.weight("sinks", sinks.astype(target.io_dtype)))
+    return g.ms.GroupQueryAttention(
+        *qkv, past[0], past[1], lengths.seqlens_k, lengths.total_sequence_length,
         *(rotary if rotary is not None else (None, None)),
         *sink,
         _outputs=3,
@@ -203,10 +249,7 @@ def self_attention(
         sliding_window_cache=1 if spec.window and target.windowed_kv_cache else None,
         do_rotary=1 if rotary is not None else 0,
         rotary_interleaved=int(spec.rotary_interleaved) if rotary is not None else None,
-    )  # out: (B, S, num_heads * head_dim)
-    with g.scope("o_proj"):
-        out = linear(g, out, w.o, target, w.o_bias)
-    return out, present_k, present_v
+    )
 
 
 def attention_temperature(

@@ -36,10 +36,11 @@ from typing import Any
 
 import numpy as np
 
-from builder.checkpoint import DTYPES, Checkpoint, read_headers
 from builder.errors import BuildError
+from builder.inputs.mapping import TensorInfo, mapped
+from builder.inputs.safetensors import DTYPES, SafetensorsCheckpoint, SafetensorsSource, read_headers
 from builder.lazy import Weight
-from builder.mapping import TensorInfo, mapped
+from builder.preflight import check_not_prequantized
 
 METHODS = ("fp8", "compressed-tensors")
 FP8_DTYPES = (DTYPES["F8_E4M3"], DTYPES["F8_E5M2"])
@@ -139,7 +140,7 @@ class FP8Linear:
         return w
 
 
-class FP8Checkpoint(Checkpoint):
+class FP8Checkpoint(SafetensorsCheckpoint):
     """A safetensors checkpoint whose linear layers are FP8: `<module>.weight` reads as the float32
     product of the float8 weight and its scale (see the module's docstring); every other tensor
     reads as usual.
@@ -192,6 +193,24 @@ class FP8Checkpoint(Checkpoint):
         if a in self.layers or b in self.layers:
             return False  # a float8 lm_head is not compared with the float embedding
         return super().same_values(a, b, rows_per_chunk)
+
+
+class FP8Source(SafetensorsSource):
+    """A model folder whose config.json's quantization_config says FP8 (a Source). Its weights read
+    as float32 products, so a quantized build rounds them again: no stored blocks."""
+
+    def __init__(self, folder: Path, config: dict[str, Any], fmt: FP8Format):
+        super().__init__(folder, config)
+        self.fmt = fmt
+
+    def check_quantization(self, accepted: tuple[str, ...]) -> None:
+        """Its own top-level quantization_config is read here; a text_config's would belong to
+        other tensor names, and is refused as any other."""
+        check_not_prequantized({**self.config, "quantization_config": None}, self.config_path, accepted)
+
+    def open_checkpoint(self) -> FP8Checkpoint:
+        """The folder's safetensors headers, each float8 weight paired with its scale."""
+        return FP8Checkpoint.open_fp8(self.folder, self.fmt)
 
 
 def _layer(raw: dict[str, TensorInfo], module: str, fmt: FP8Format) -> FP8Linear:

@@ -9,28 +9,30 @@ never accumulate in the process's memory.
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import math
 import os
 import struct
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 
 from builder.errors import BuildError
-from builder.hf_config import load_json, parse_json
+from builder.hf_config import generation_config, load_json, parse_json
+from builder.inputs.mapping import TensorInfo, mapped
+from builder.inputs.source import NamedTensors
 from builder.lazy import Weight
-from builder.mapping import TensorInfo, mapped
+from builder.preflight import check_not_prequantized, check_tokenizer_files
 
 DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype(np.float64),
     "F32": np.dtype(np.float32),
     "F16": np.dtype(np.float16),
     "BF16": np.dtype(ml_dtypes.bfloat16),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),  # FP8 checkpoints' weights (builder/fp8.py)
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),  # FP8 checkpoints' weights (builder/inputs/fp8.py)
     "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
     "I64": np.dtype(np.int64),
     "I32": np.dtype(np.int32),
@@ -182,31 +184,20 @@ def read_headers(folder: str | os.PathLike) -> dict[str, TensorInfo]:
     return tensors
 
 
-class Checkpoint:
-    """The tensors of a safetensors checkpoint by Hugging Face name, and which of them were used.
+class SafetensorsCheckpoint(NamedTensors):
+    """The tensors of a safetensors checkpoint by Hugging Face name, and which of them were used
+    (the public API's `builder.Checkpoint`).
 
     Example:
-        >>> ckpt = Checkpoint.open("path/to/folder")          # doctest: +SKIP
-        >>> w = ckpt.weight("model.embed_tokens.weight")       # a recipe; nothing is read yet
+        >>> ckpt = SafetensorsCheckpoint.open("path/to/folder")   # doctest: +SKIP
+        >>> w = ckpt.weight("model.embed_tokens.weight")           # a recipe; nothing is read yet
         >>> ckpt.check_consumed(ignore=["*.rotary_emb.inv_freq"])
     """
 
-    def __init__(self, tensors: dict[str, TensorInfo]):
-        self.tensors = tensors
-        self._consumed: set[str] = set()
-
     @classmethod
-    def open(cls, folder: str | os.PathLike) -> Checkpoint:
+    def open(cls, folder: str | os.PathLike) -> SafetensorsCheckpoint:
+        """The checkpoint of a folder's safetensors files; reads their headers, no tensor."""
         return cls(read_headers(folder))
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.tensors
-
-    def info(self, name: str) -> TensorInfo:
-        try:
-            return self.tensors[name]
-        except KeyError:
-            raise BuildError(f"the checkpoint lacks tensor {name!r}, which this architecture needs") from None
 
     def weight(self, name: str, shape: Iterable[int] | None = None, packed: bool = False) -> Weight:
         """A lazy recipe for tensor `name`; marks it consumed. `shape`, if given, is checked.
@@ -239,25 +230,35 @@ class Checkpoint:
                     return False
         return True
 
-    def consume(self, name: str) -> None:
-        """Marks a tensor as deliberately unused (for example a tied lm_head duplicate)."""
-        self.info(name)
-        self._consumed.add(name)
 
-    def unconsumed(self, ignore: Iterable[str] = ()) -> list[str]:
-        patterns = list(ignore)
-        return sorted(
-            n for n in self.tensors
-            if n not in self._consumed and not any(fnmatch.fnmatchcase(n, p) for p in patterns)
-        )
+class SafetensorsSource:
+    """A model folder: config.json, float safetensors, and the tokenizer and generation_config.json
+    beside them (a Source, builder/inputs/source.py). The AWQ/GPTQ and FP8 sources are this with
+    another checkpoint."""
 
-    def check_consumed(self, ignore: Iterable[str] = ()) -> None:
-        """Fails naming every tensor that no code used and no ignore pattern covers."""
-        left = self.unconsumed(ignore)
-        if left:
-            shown = ", ".join(left[:8]) + (f" and {len(left) - 8} more" if len(left) > 8 else "")
-            raise BuildError(f"the checkpoint has tensors this architecture does not use: {shown}")
+    stores_blocks = False
+    can_package = True
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.nbytes for t in self.tensors.values())
+    def __init__(self, folder: Path, config: dict[str, Any]):
+        self.folder = folder
+        self.config = config
+        self.config_path = folder / "config.json"
+
+    def check_quantization(self, accepted: tuple[str, ...]) -> None:
+        """Refuses any quantization_config but the architecture's own (`accepted`)."""
+        check_not_prequantized(self.config, self.config_path, accepted)
+
+    def open_checkpoint(self) -> SafetensorsCheckpoint:
+        """The folder's safetensors headers, read now."""
+        return SafetensorsCheckpoint.open(self.folder)
+
+    def check_tokenizer(self) -> None:
+        """The folder's tokenizer files, copied into the output, must load."""
+        check_tokenizer_files(self.folder)
+
+    def generation_config(self, vocab_size: int) -> dict[str, Any]:
+        """The folder's generation_config.json, as genai_config.json's search takes it."""
+        return generation_config(self.folder, vocab_size)
+
+    def write_files(self, folder: Path) -> None:
+        """Nothing: the writer copies the folder's tokenizer files."""

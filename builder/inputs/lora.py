@@ -32,14 +32,17 @@ from typing import Any
 
 import numpy as np
 
-from builder.checkpoint import DTYPES, Checkpoint, read_header
+from builder import hub
 from builder.errors import BuildError
 from builder.hf_config import load_json
+from builder.inputs.mapping import mapped
+from builder.inputs.safetensors import DTYPES, SafetensorsCheckpoint, read_header
+from builder.inputs.source import Checkpoint
+from builder.inputs.trust import check_folder
 from builder.lazy import Weight
-from builder.mapping import mapped
-from builder.trust import check_folder
+from builder.options import BuildOptions
 
-__all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "Adapter", "LoraCheckpoint"]
+__all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "Adapter", "LoraCheckpoint", "adapter_folder", "with_adapter"]
 
 log = logging.getLogger("builder")
 
@@ -83,7 +86,7 @@ class Adapter:
 
     Example:
         >>> adapter = Adapter.open("path/to/adapter")                       # doctest: +SKIP
-        >>> ckpt = LoraCheckpoint(Checkpoint.open("path/to/base"), adapter)  # doctest: +SKIP
+        >>> ckpt = LoraCheckpoint(SafetensorsCheckpoint.open("path/to/base"), adapter)  # doctest: +SKIP
     """
 
     folder: Path
@@ -91,7 +94,7 @@ class Adapter:
     alpha: float
     rslora: bool
     fan_in_fan_out: bool
-    tensors: Checkpoint  # the adapter's own tensors by their saved names
+    tensors: SafetensorsCheckpoint  # the adapter's own tensors by their saved names
 
     @classmethod
     def open(cls, folder: str | os.PathLike) -> Adapter:
@@ -131,7 +134,7 @@ class Adapter:
                                  "adapter with safe_serialization (the default) or convert it to safetensors")
             raise BuildError(f"--adapter {folder}: no {WEIGHTS_FILE}")
         return cls(folder, config, float(config["lora_alpha"]), bool(config.get("use_rslora")),
-                   bool(config.get("fan_in_fan_out")), Checkpoint(read_header(weights)))
+                   bool(config.get("fan_in_fan_out")), SafetensorsCheckpoint(read_header(weights)))
 
     def scale(self, r: int) -> float:
         """peft's LoraLayer.update_layer: lora_alpha / r, or lora_alpha / √r with rsLoRA."""
@@ -165,7 +168,7 @@ def _is_float(dtype: np.dtype) -> bool:
     return dtype.kind == "f" or dtype == DTYPES["BF16"]
 
 
-def _check_factors(tensors: Checkpoint, a_name: str, b_name: str) -> None:
+def _check_factors(tensors: SafetensorsCheckpoint, a_name: str, b_name: str) -> None:
     """Refuses, when the adapter is opened, a pair that is not LoRA's two factors A [r, in] and
     B [out, r] with one rank r >= 1 (a merge would otherwise fail at write time, or divide by r = 0)."""
     a, b = tensors.info(a_name).shape, tensors.info(b_name).shape
@@ -181,7 +184,7 @@ class LoraCheckpoint:
     that no weight the architecture read has used.
     """
 
-    def __init__(self, base: Any, adapter: Adapter):
+    def __init__(self, base: Checkpoint, adapter: Adapter):
         self.base = base
         self.adapter = adapter
         self.deltas: dict[str, tuple[str, str, bool]] = {}  # base weight -> (A, B, transposed)
@@ -268,3 +271,23 @@ class LoraCheckpoint:
         if left:
             shown = ", ".join(left[:8]) + (f" and {len(left) - 8} more" if len(left) > 8 else "")
             raise BuildError(f"adapter tensors that match no weight of the base model this architecture reads: {shown}")
+
+
+def with_adapter(checkpoint: Checkpoint, options: BuildOptions) -> tuple[Checkpoint, Adapter | None]:
+    """Any source's checkpoint with the --adapter merged in (and the adapter), or as it is without
+    one. Opened after the base's headers: a broken base is refused before an adapter is fetched."""
+    if options.adapter is None:
+        return checkpoint, None
+    adapter = Adapter.open(adapter_folder(options))
+    trained_on = str(adapter.config.get("base_model_name_or_path") or "")
+    given = options.model or str(options.input)
+    if trained_on and Path(trained_on.rstrip("/")).name != Path(given.rstrip("/")).name:
+        log.warning("the adapter was trained on %s, not %s; building anyway", trained_on, given)
+    return LoraCheckpoint(checkpoint, adapter), adapter
+
+
+def adapter_folder(options: BuildOptions) -> Path | None:
+    """The local folder of --adapter (the folder itself, or its hub snapshot), None without one."""
+    if options.adapter is None:
+        return None
+    return hub.resolve(options.adapter, None, options.cache_dir, hub.ADAPTER_PATTERNS)

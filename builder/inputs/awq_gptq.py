@@ -41,10 +41,11 @@ from typing import Any
 
 import numpy as np
 
-from builder.checkpoint import Checkpoint, read_headers
 from builder.errors import BuildError
+from builder.inputs.mapping import TensorInfo, mapped
+from builder.inputs.safetensors import SafetensorsCheckpoint, SafetensorsSource, read_headers
 from builder.lazy import Weight
-from builder.mapping import TensorInfo, mapped
+from builder.preflight import check_not_prequantized
 from builder.quantize import BLOCK_SIZES
 from builder.stored_blocks import BlockArrays, Blocks
 
@@ -186,7 +187,7 @@ class QuantizedLinear:
         return Blocks(bits, block, compute, self.fmt.method, zero_points=True, input_order=self.input_order)
 
 
-class QuantizedCheckpoint(Checkpoint):
+class QuantizedCheckpoint(SafetensorsCheckpoint):
     """A safetensors checkpoint whose linear layers are AWQ or GPTQ: `<module>.weight` names the
     layer's packed tensors (see the module's docstring); every other tensor reads as usual.
 
@@ -238,6 +239,25 @@ class QuantizedCheckpoint(Checkpoint):
         if a in self.layers or b in self.layers:
             return False  # a quantized lm_head is never the float embedding
         return super().same_values(a, b, rows_per_chunk)
+
+
+class QuantizedSource(SafetensorsSource):
+    """A model folder whose config.json's quantization_config says AWQ or GPTQ (a Source)."""
+
+    stores_blocks = True  # its codes, written into MatMulNBits as stored by a quantized build
+
+    def __init__(self, folder: Path, config: dict[str, Any], fmt: QuantFormat):
+        super().__init__(folder, config)
+        self.fmt = fmt
+
+    def check_quantization(self, accepted: tuple[str, ...]) -> None:
+        """Its own top-level quantization_config is read here; a text_config's would belong to
+        other tensor names, and is refused as any other."""
+        check_not_prequantized({**self.config, "quantization_config": None}, self.config_path, accepted)
+
+    def open_checkpoint(self) -> QuantizedCheckpoint:
+        """The folder's safetensors headers, its packed layers checked against the format."""
+        return QuantizedCheckpoint.open_quantized(self.folder, self.fmt)
 
 
 def _layer(raw: dict[str, TensorInfo], module: str, fmt: QuantFormat) -> QuantizedLinear:

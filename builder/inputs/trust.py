@@ -34,7 +34,7 @@ def _inside(path: Path, roots: tuple[Path, ...]) -> bool:
 def check_folder(folder: Path, what: str = "model folder") -> None:
     """Refuses, in one line, a file of `folder` that is a link resolving outside it (a chain of
     links is judged by its final target). Links to folders are not followed: nothing is read
-    through them (an index naming a file in one is refused by `checkpoint.safetensors_files`)."""
+    through them (an index naming a file in one is refused by `safetensors.safetensors_files`)."""
     roots = allowed_roots(folder)
     try:
         entries = sorted(folder.iterdir())

@@ -4,7 +4,7 @@ A GGUF carries its tokenizer as metadata (`tokenizer.ggml.*`): tokens, merges or
 types, special ids, the pre-tokenizer's name and the chat template. We write the Hugging Face
 `tokenizers` file that transformers builds from the same metadata (transformers/integrations/gguf/
 gguf_tokenizer_mapping.py: byte_level_tokenizer, add_gguf_special_tokens, set_split_regex, and the
-SentencePiece builders, see builder/gguf_sentencepiece.py), so both, and onnxruntime-genai, encode
+SentencePiece builders, see builder/inputs/gguf/sentencepiece.py), so both, and onnxruntime-genai, encode
 text alike. Byte-level BPE (`gpt2`) and SentencePiece (`llama`) vocabularies are written; any other
 kind (`t5`, `rwkv`, ...) builds with a warning and no tokenizer.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from builder.errors import BuildError
-from builder.gguf_sentencepiece import GEMMA, sentencepiece
+from builder.inputs.gguf.sentencepiece import GEMMA, sentencepiece
 
 log = logging.getLogger("builder")
 
