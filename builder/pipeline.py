@@ -6,8 +6,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
-import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +32,8 @@ from builder.preflight import (
     check_context_length,
     check_float_layers,
     check_layer_count,
+    check_room,
+    check_windowed_cache,
     check_sizes_fit,
     warn_if_bf16_rounds_stored_scales,
 )
@@ -122,7 +122,7 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     package = packager.package(raw, folder, checkpoint, config, target) if packager is not None else None
 
     g = Graph()
-    check_windowed_cache(info, options)
+    check_windowed_cache(info, options.windowed_kv_cache, options.search)
     windowed = info.sliding_window_layers if target.windowed_kv_cache else []
     io = DecoderIO.create(info.num_layers, info.num_kv_heads, info.head_size, target.io_dtype, windowed,
                           embeds_width=info.hidden_size if package is not None else None)
@@ -150,21 +150,6 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
 
 def _source_bytes(checkpoint: Checkpoint, sources: dict[str, tuple[str, ...]]) -> dict[str, list[int]]:
     return {name: [checkpoint.info(s).nbytes for s in srcs] for name, srcs in sources.items()}
-
-
-def check_windowed_cache(info: DecoderInfo, options: BuildOptions) -> None:
-    """Refuses a ring-buffer KV cache its own genai_config.json could not run: onnxruntime-genai
-    sizes the buffer min(window + slack, max_length), and GroupQueryAttention's ring buffer
-    (sliding_window_cache=1) fails when that is shorter than the window."""
-    if not (options.windowed_kv_cache and info.sliding_window_layers):
-        return
-    max_length = options.search.get("max_length", info.context_length)
-    if max_length < info.sliding_window:
-        raise BuildError(
-            f"--windowed-kv-cache needs max_length >= the sliding window ({info.sliding_window}), "
-            f"but the build's max_length is {max_length}; drop --windowed-kv-cache (full-length caches "
-            "work at any max_length)"
-        )
 
 
 def genai_json(p: Plan, options: BuildOptions) -> dict[str, Any]:
@@ -208,36 +193,6 @@ def disk_need(p: Plan, options: BuildOptions) -> int:
     return p.estimate.data_bytes + p.estimate.proto_bytes + tokenizer + 64 * 1024
 
 
-def check_disk(p: Plan, options: BuildOptions) -> None:
-    """Refuses to start a build the output's file system has no room for."""
-    parent = Path(os.path.realpath(options.output_folder)).parent  # Path.resolve() raises on a link loop
-    while not parent.exists():
-        parent = parent.parent
-    free = shutil.disk_usage(parent).free
-    need = disk_need(p, options)
-    if free < need:
-        raise BuildError(f"{parent} has {human(free)} free but the build writes {human(need)}")
-
-
-def physical_memory() -> int | None:
-    """This machine's RAM in bytes, where the OS says (None elsewhere)."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
-def check_memory(p: Plan) -> None:
-    """Refuses to start a build whose predicted peak cannot fit in this machine's memory: tensors
-    made by code (rotary tables of max_position_embeddings rows) are computed whole, so an absurd
-    context would end in a MemoryError halfway through writing."""
-    ram = physical_memory()
-    if ram is not None and p.estimate.peak_rss > ram:
-        raise BuildError(f"the build would hold ~{human(p.estimate.peak_rss)} in memory at its peak, more than this "
-                         f"machine's {human(ram)} (rotary tables have one row per position: --context-length caps "
-                         f"the {p.info.context_length} positions)")
-
-
 def dry_run(options: BuildOptions) -> str:
     """Reads config.json and the safetensors headers only; returns the plan's description."""
     return describe(plan(options, source_folder(options)), options)
@@ -259,8 +214,7 @@ def build(options: BuildOptions, progress: bool = True) -> Path:
     with timed("plan"):
         p = plan(options, folder)
     log.debug("%s", describe(p, options))
-    check_disk(p, options)
-    check_memory(p)
+    check_room(options.output_folder, disk_need(p, options), p.estimate.peak_rss, p.info.context_length)
     log.info("%s: %d layers, %s parameters, %s of weights", p.architecture, p.info.num_layers,
              f"{p.parameters:,}", human(p.checkpoint.nbytes))
     inputs = [folder] if folder.is_file() else [f for f in folder.iterdir() if f.is_file() and not f.name.startswith(".")]

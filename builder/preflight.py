@@ -1,10 +1,19 @@
-"""Checks a plan makes before anything is written: each refuses in one line, or warns in one line."""
+"""The checks a build makes before anything is written, each refusing (or warning) in one line.
+
+In the order a build meets them: the options' own types and pairs (`BuildOptions.__post_init__`,
+at parsing), --verify's needs (`verify.check_verifiable`, before any work), the output path
+(`output_folder.check_output`), the input folder's links (`inputs.trust`), the format's own
+header checks (`builder.inputs`), then these: quantization configs, the layer count and sizes
+against the tensors, the context length, the windowed cache, --float/--int8-layers, the
+tokenizer files, and last the disk and memory the plan needs (`check_room`)."""
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import re
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -16,6 +25,7 @@ from builder.config_checks import config_object
 from builder.errors import BuildError
 from builder.hf_config import load_json
 from builder.target import Target, matches
+from builder.units import human
 
 log = logging.getLogger("builder")
 
@@ -128,3 +138,43 @@ def warn_if_bf16_rounds_stored_scales(prequantized: bool, target: Target) -> Non
     if prequantized and target.quantization is not None and np.dtype(target.io_dtype) == ml_dtypes.bfloat16:
         log.warning("warning: bf16 activations round the checkpoint's fp16 quantization scales to bf16, so the "
                     "quantized weights are no longer exactly the checkpoint's; --io-dtype fp16 keeps them exact")
+
+
+def check_windowed_cache(info: Any, windowed_kv_cache: bool, search: dict[str, Any]) -> None:
+    """Refuses a ring-buffer KV cache its own genai_config.json could not run: onnxruntime-genai
+    sizes the buffer min(window + slack, max_length), and GroupQueryAttention's ring buffer
+    (sliding_window_cache=1) fails when that is shorter than the window."""
+    if not (windowed_kv_cache and info.sliding_window_layers):
+        return
+    max_length = search.get("max_length", info.context_length)
+    if max_length < info.sliding_window:
+        raise BuildError(
+            f"--windowed-kv-cache needs max_length >= the sliding window ({info.sliding_window}), "
+            f"but the build's max_length is {max_length}; drop --windowed-kv-cache (full-length caches "
+            "work at any max_length)"
+        )
+
+
+def physical_memory() -> int | None:
+    """This machine's RAM in bytes, where the OS says (None elsewhere)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_room(output: Path, disk_bytes: int, peak_rss: int, context_length: int) -> None:
+    """Refuses to start a build the output's file system has no room for, or whose predicted peak
+    cannot fit in this machine's memory: tensors made by code (rotary tables of one row per
+    position) are computed whole, so an absurd context would end in a MemoryError halfway through."""
+    parent = Path(os.path.realpath(output)).parent  # Path.resolve() raises on a link loop
+    while not parent.exists():
+        parent = parent.parent
+    free = shutil.disk_usage(parent).free
+    if free < disk_bytes:
+        raise BuildError(f"{parent} has {human(free)} free but the build writes {human(disk_bytes)}")
+    ram = physical_memory()
+    if ram is not None and peak_rss > ram:
+        raise BuildError(f"the build would hold ~{human(peak_rss)} in memory at its peak, more than this "
+                         f"machine's {human(ram)} (rotary tables have one row per position: --context-length caps "
+                         f"the {context_length} positions)")

@@ -236,9 +236,9 @@ def test_a_build_past_this_machines_memory_is_refused_before_writing(src, tmp_pa
     # max_position_embeddings of 10^9 built rotary tables of 64 GB, computed whole at write time:
     # a MemoryError traceback halfway through. The predicted peak is checked against the RAM first
     # (here a 300 MB machine against 2^22 positions, 270 MB of tables beside the writer's own).
-    import builder.pipeline
+    import builder.preflight
 
-    monkeypatch.setattr(builder.pipeline, "physical_memory", lambda: 300 * 10**6)
+    monkeypatch.setattr(builder.preflight, "physical_memory", lambda: 300 * 10**6)
     edit_json(src / "config.json", {"max_position_embeddings": 2**22})
     rc, err = run(capsys, "-m", src, "-o", tmp_path / "out", "-p", "fp32")
     assert_one_line(rc, err, "--context-length")
