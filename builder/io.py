@@ -1,4 +1,4 @@
-"""The decoder's inputs and outputs as onnxruntime-genai expects them (see DESIGN.md, I/O contract)."""
+"""The decoder's inputs and outputs as onnxruntime-genai expects them (docs/DESIGN.md, "Model I/O contract")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""DESIGN.md's layering, checked on the source: no import circles among builder's and the
+"""docs/DESIGN.md's layering, checked on the source: no import circles among builder's and the
 architectures' modules (imports inside functions included), blocks never reach architectures or
 the pipeline, and only the optional verify step imports torch, transformers or onnxruntime."""
 
