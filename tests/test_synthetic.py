@@ -21,3 +21,13 @@ def test_preset_layout_builds(name, tmp_path):
     session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
     assert session.get_outputs()[0].name == "logits"
     assert sum(1 for _ in TENSORS[config["model_type"]](config)) > 10
+
+
+def test_every_preset_is_a_declared_family():
+    # The presets are checked against the families' declarations (the registry): a preset whose
+    # architecture no family declares would be a benchmark of nothing builder builds.
+    import architectures
+
+    declared = {a: f.name for f in architectures.families() for a in f.architectures}
+    for name, config in PRESETS.items():
+        assert architectures.canonical(config["architectures"][0]) in declared, name
