@@ -43,9 +43,8 @@ import numpy as np
 
 from builder.errors import BuildError
 from builder.inputs.mapping import TensorInfo, mapped
-from builder.inputs.safetensors import SafetensorsCheckpoint, SafetensorsSource, read_headers
+from builder.inputs.safetensors import ReadQuantizationSource, SafetensorsCheckpoint, read_headers
 from builder.lazy import Weight
-from builder.preflight import check_not_prequantized
 from builder.quantize import BLOCK_SIZES
 from builder.stored_blocks import BlockArrays, Blocks
 
@@ -241,19 +240,10 @@ class QuantizedCheckpoint(SafetensorsCheckpoint):
         return super().same_values(a, b, rows_per_chunk)
 
 
-class QuantizedSource(SafetensorsSource):
+class QuantizedSource(ReadQuantizationSource):
     """A model folder whose config.json's quantization_config says AWQ or GPTQ (a Source)."""
 
     stores_blocks = True  # its codes, written into MatMulNBits as stored by a quantized build
-
-    def __init__(self, folder: Path, config: dict[str, Any], fmt: QuantFormat):
-        super().__init__(folder, config)
-        self.fmt = fmt
-
-    def check_quantization(self, accepted: tuple[str, ...]) -> None:
-        """Its own top-level quantization_config is read here; a text_config's would belong to
-        other tensor names, and is refused as any other."""
-        check_not_prequantized({**self.config, "quantization_config": None}, self.config_path, accepted)
 
     def open_checkpoint(self) -> QuantizedCheckpoint:
         """The folder's safetensors headers, its packed layers checked against the format."""

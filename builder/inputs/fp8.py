@@ -38,9 +38,8 @@ import numpy as np
 
 from builder.errors import BuildError
 from builder.inputs.mapping import TensorInfo, mapped
-from builder.inputs.safetensors import DTYPES, SafetensorsCheckpoint, SafetensorsSource, read_headers
+from builder.inputs.safetensors import DTYPES, ReadQuantizationSource, SafetensorsCheckpoint, read_headers
 from builder.lazy import Weight
-from builder.preflight import check_not_prequantized
 
 METHODS = ("fp8", "compressed-tensors")
 FP8_DTYPES = (DTYPES["F8_E4M3"], DTYPES["F8_E5M2"])
@@ -195,18 +194,9 @@ class FP8Checkpoint(SafetensorsCheckpoint):
         return super().same_values(a, b, rows_per_chunk)
 
 
-class FP8Source(SafetensorsSource):
+class FP8Source(ReadQuantizationSource):
     """A model folder whose config.json's quantization_config says FP8 (a Source). Its weights read
     as float32 products, so a quantized build rounds them again: no stored blocks."""
-
-    def __init__(self, folder: Path, config: dict[str, Any], fmt: FP8Format):
-        super().__init__(folder, config)
-        self.fmt = fmt
-
-    def check_quantization(self, accepted: tuple[str, ...]) -> None:
-        """Its own top-level quantization_config is read here; a text_config's would belong to
-        other tensor names, and is refused as any other."""
-        check_not_prequantized({**self.config, "quantization_config": None}, self.config_path, accepted)
 
     def open_checkpoint(self) -> FP8Checkpoint:
         """The folder's safetensors headers, each float8 weight paired with its scale."""

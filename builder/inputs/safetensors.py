@@ -262,3 +262,18 @@ class SafetensorsSource:
 
     def write_files(self, folder: Path) -> None:
         """Nothing: the writer copies the folder's tokenizer files."""
+
+
+class ReadQuantizationSource(SafetensorsSource):
+    """A model folder whose top-level quantization_config names a format builder reads itself
+    (AWQ/GPTQ, FP8; `fmt` is what it says); subclasses open their own checkpoint."""
+
+    def __init__(self, folder: Path, config: dict[str, Any], fmt: Any):
+        super().__init__(folder, config)
+        self.fmt = fmt
+
+    def check_quantization(self, accepted: tuple[str, ...]) -> None:
+        """Its own top-level quantization_config is read here; a text_config's would belong to
+        other tensor names, and is refused as any other."""
+        check_not_prequantized({**self.config, "quantization_config": None}, self.config_path, accepted)
+
