@@ -22,9 +22,8 @@ import numpy as np
 import onnx_ir as ir
 
 from builder.blocks.linear import linear
-from builder.errors import BuildError
 from builder.graph import Graph
-from builder.blocks.moe import quantized_experts, stacked
+from builder.blocks.moe import expert_block_size, quantized_experts, stacked
 from builder.lazy import Weight
 from builder.target import Target, source_modules
 
@@ -104,9 +103,7 @@ def gpt_oss_experts(g: Graph, x: ir.Value, w: ExpertWeights, top_k: int, alpha: 
         inter = w.fc2[0].shape[1]
         if not q.symmetric:  # proved without zero points only (architectures/gpt_oss.py says so once)
             q = dataclasses.replace(q, symmetric=True)
-        if hidden % q.block_size or inter % q.block_size:
-            raise BuildError(f"QMoE needs hidden_size ({hidden}) and intermediate_size ({inter}) to be multiples "
-                             f"of the block size ({q.block_size}); choose a block size that divides both")
+        q = dataclasses.replace(q, block_size=expert_block_size(hidden, inter, q))  # one that divides both, if any
         # Each expert quantized alone, as MatMulNBits' weights are (builder.quantize), and streamed.
         scale_dtype = np.dtype(target.io_dtype)
         fc1_sources, fc2_sources = (tuple(s for m in fc for s in m.sources) for fc in (w.fc1, w.fc2))

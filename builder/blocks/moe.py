@@ -78,6 +78,28 @@ def unstacked(stacked: Weight, start: int = 0, stop: int | None = None) -> list[
     return [one(x) for x in range(e)]
 
 
+def expert_block_size(h: int, i: int, q: Quantization) -> int:
+    """The block size of a layer's QMoE node (one per node, for hidden and intermediate alike): the
+    largest power of two from the requested one down to 16 that divides both sizes, else the
+    requested one with a shorter last block.
+
+    ONNX Runtime 1.31's CPU QMoE takes any power of two from 16 as block_size and sizes its scales
+    by rounding K / block up, so a short last block runs, and exactly at accuracy_level 0; but its
+    fast MLAS kernels need K a multiple of the block (else it warns and dequantizes every expert
+    to float for each matrix product), hence a smaller block that divides first. Zero-padding K
+    would also be exact (the padded gate and up rows give silu(0) · 0 = 0) but costs compute
+    and memory on every padded row; per-expert MatMulNBits would give up the fused node."""
+    if q.bits == 4 and (h % 2 or i % 2):
+        raise BuildError(f"4-bit QMoE needs even hidden ({h}) and expert intermediate ({i}) sizes: "
+                         "its rows hold two codes a byte")
+    block = q.block_size
+    while block >= 16:
+        if h % block == 0 and i % block == 0:
+            return block
+        block //= 2
+    return q.block_size
+
+
 def quantized_experts(g: Graph, parts: Sequence[Sequence[Weight]], q: Quantization, scale_dtype: np.dtype,
                       sources: tuple[str, ...]) -> tuple[ir.Value, ir.Value, ir.Value | None]:
     """QMoE's (weights [E, N, K·bits/8], scales [E, N, K/block], zero points) for experts whose rows
@@ -85,7 +107,7 @@ def quantized_experts(g: Graph, parts: Sequence[Sequence[Weight]], q: Quantizati
     alone, with the dense build's quantizer, so its codes are MatMulNBits' codes."""
     e, (n, k), ways = len(parts[0]), parts[0][0].shape, len(parts)
     data_shape, scales_shape, zp_shape = packed_shapes(n * ways, k, q.bits, q.block_size)
-    data_shape = (e, data_shape[0], data_shape[1] * data_shape[2])
+    data_shape = (e, data_shape[0], k * q.bits // 8)  # QMoE's rows hold K codes: a short last block's padding is cut
     scales_shape, zp_shape = (e, *scales_shape), (e, *zp_shape)
 
     def expert(x: int) -> dict[str, np.ndarray]:
@@ -93,7 +115,7 @@ def quantized_experts(g: Graph, parts: Sequence[Sequence[Weight]], q: Quantizati
         zps = None if q.symmetric else np.empty(zp_shape[1:], np.uint8)
         for j, part in enumerate(parts):
             m = part[x].apply(lambda rows: quantize(rows, q.bits, q.block_size, q.symmetric, scale_dtype, q.method))
-            data[j::ways] = m.data.reshape(n, -1)
+            data[j::ways] = m.data.reshape(n, -1)[:, :data_shape[2]]
             scales[j::ways] = m.scales
             if zps is not None:
                 zps[j::ways] = m.zero_points
@@ -193,9 +215,7 @@ def _experts(g: Graph, x: ir.Value, logits: ir.Value, gate: Sequence[Weight], up
         g.linears[module] = sources
         q = target.quantization
         if target.quantizes(module, sources):
-            if h % q.block_size or i % q.block_size:
-                raise BuildError(f"QMoE needs hidden ({h}) and expert intermediate ({i}) sizes divisible by the "
-                                 f"block size {q.block_size}")
+            q = replace(q, block_size=expert_block_size(h, i, q))
             with g.scope("gate_up_proj"):
                 w1, s1, z1 = quantized_experts(g, (gate, up), q, target.io_dtype, _sources(gate, up))
             with g.scope("down_proj"):
@@ -210,5 +230,5 @@ def _experts(g: Graph, x: ir.Value, logits: ir.Value, gate: Sequence[Weight], up
         return g.ms.MoE(x, logits, w1, None, w2, **attributes)
 
 
-__all__ = ["quantized_experts", "routed_experts", "sparse_moe", "sparsemixer", "stacked", "stacked_gate_up",
-           "unstacked"]
+__all__ = ["expert_block_size", "quantized_experts", "routed_experts", "sparse_moe", "sparsemixer", "stacked",
+           "stacked_gate_up", "unstacked"]
