@@ -4,7 +4,9 @@ Reference: transformers/models/phimoe/modeling_phimoe.py. Apart from Mixtral:
 - every norm is a LayerNorm with a bias (eps `rms_norm_eps`); q/k/v/o biases by `attention_bias`;
   an lm_head bias by `lm_head_bias`; a sliding window on every layer when `sliding_window` is set;
 - LongRoPE whose cos/sin are scaled by `short_mscale` / `long_mscale` instead of the attention
-  factor (equal on the hub; different ones are refused: the tables switch, the scale would too);
+  factor: PhimoeRotaryEmbedding.forward takes long_mscale once max(position_ids) + 1 passes
+  original_max_position_embeddings, the same switch that picks the long tables, so each mscale
+  is folded into its own tables (equal on the hub);
 - the router is `sparsemixer` (top-2 only): each choice's weight is a softmax over the logits near
   that choice, so the weights neither sum to 1 nor are a top-k of one softmax. ONNX Runtime's MoE
   cannot compute that; it is built from standard operators and the fused experts are fed only the
@@ -56,9 +58,11 @@ def parse_config(family: Family, raw: dict[str, Any], architecture: str) -> Phim
     c = parse(family, raw, architecture)
     rope = dict(c.rope_parameters)
     if rope["rope_type"] == "longrope":  # PhimoeRotaryEmbedding: mscale replaces the attention factor
-        if rope.get("short_mscale") != rope.get("long_mscale"):
-            raise BuildError("Phi-MoE with short_mscale != long_mscale is not supported")
-        rope["attention_factor"] = rope["short_mscale"]
+        for key in ("short_mscale", "long_mscale"):  # PhimoeConfig refuses a LongRoPE without either
+            if isinstance(rope.get(key), bool) or not isinstance(rope.get(key), (int, float)):
+                raise BuildError(f"Phi-MoE's LongRoPE needs a number for rope_parameters' {key}, "
+                                 f"not {rope.get(key)!r}")
+        rope["attention_factor"] = rope["short_mscale"]  # the short tables'; rotary gives the long ones theirs
     elif rope["rope_type"] != "default":
         raise BuildError(f"Phi-MoE with rope_type {rope['rope_type']!r}: transformers' Phimoe rotary reads "
                          "short_mscale/long_mscale for it")
@@ -66,11 +70,13 @@ def parse_config(family: Family, raw: dict[str, Any], architecture: str) -> Phim
 
 
 def rotary(d: Decoder):
-    """LongRoPE's short and long tables, switched by the sequence length, or plain ones."""
+    """LongRoPE's short and long tables, switched by the sequence length, each scaled by its own
+    mscale (short_mscale, long_mscale), or plain ones."""
     c, lengths = d.c, d.lengths  # the lengths first, whichever tables follow
     if c.rope_parameters["rope_type"] == "longrope":
         return longrope_tables(d.g, c.rope_parameters, c.head_dim, c.max_position_embeddings,
-                               lengths.total_sequence_length, d.target)
+                               lengths.total_sequence_length, d.target,
+                               long_attention_factor=c.rope_parameters["long_mscale"])
     rope = Rope.from_parameters(c.rope_parameters, c.head_dim, c.max_position_embeddings)
     return rotary_tables(d.g, rope, c.max_position_embeddings, d.target)
 

@@ -146,7 +146,7 @@ def yarn(params: dict[str, Any], base: float, dim: int, max_position_embeddings:
 
 def longrope(params: dict[str, Any], base: float, dim: int, max_position_embeddings: int, long: bool) -> Rope:
     """Phi-3's LongRoPE (transformers' `_compute_longrope_parameters`): per-dimension factors, the
-    short set within the pretraining length, the long set beyond it; one attention factor for both."""
+    short set within the pretraining length, the long set beyond it; `attention_factor` scales cos and sin."""
     original = params["original_max_position_embeddings"]
     factor = params.get("factor") or max_position_embeddings / original
     attention_factor = params.get("attention_factor")
@@ -227,13 +227,17 @@ def rotary_tables_by_layer_type(
 
 
 def longrope_tables(
-    g: Graph, params: dict[str, Any], head_dim: int, max_positions: int, total_sequence_length: ir.Value, target: Target
+    g: Graph, params: dict[str, Any], head_dim: int, max_positions: int, total_sequence_length: ir.Value,
+    target: Target, long_attention_factor: float | None = None,
 ) -> tuple[ir.Value, ir.Value]:
     """Short and long LongRoPE tables, chosen per run as transformers does: the long ones once the
-    sequence (past + new tokens) passes original_max_position_embeddings, for every position."""
+    sequence (past + new tokens) passes original_max_position_embeddings, for every position.
+    `long_attention_factor`, when given, scales the long tables' cos and sin in place of the
+    attention factor of `params` (Phi-3.5-MoE's long_mscale: its scale switches with the tables)."""
     base, dim = float(params["rope_theta"]), int(head_dim * params.get("partial_rotary_factor", 1.0))
+    long_params = params if long_attention_factor is None else {**params, "attention_factor": long_attention_factor}
     short = rotary_tables(g, longrope(params, base, dim, max_positions, long=False), max_positions, target, "short_")
-    long = rotary_tables(g, longrope(params, base, dim, max_positions, long=True), max_positions, target, "long_")
+    long = rotary_tables(g, longrope(long_params, base, dim, max_positions, long=True), max_positions, target, "long_")
     with g.scope("model", "rotary_emb"):
         threshold = g.constant(params["original_max_position_embeddings"], np.int32)
         is_long = g.op.Greater(total_sequence_length, threshold)
