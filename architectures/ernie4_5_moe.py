@@ -19,10 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from architectures.moe import dense_mlp, parse_whole_head, pre_norm_layer
+from architectures.moe import dense_mlp, expert_matrices, parse_whole_head, pre_norm_layer
 from builder.architecture import Weights, attention_weights
 from builder.blocks import AttentionSpec, linear
-from builder.blocks.moe import routed_experts, unstacked
+from builder.blocks.moe import routed_experts
 from builder.decoder_config import DecoderConfig
 from builder.family import Decoder, Family, register
 
@@ -68,18 +68,6 @@ class Ernie4_5_MoeConfig(DecoderConfig):
                 and self.moe_layer_start_index <= layer <= self.moe_layer_end_index)
 
 
-def experts(m: Weights, c: Ernie4_5_MoeConfig):
-    """Each expert's (gate, up, down) matrices: per-expert Linears as on the hub, or the stacked
-    [E, 2I, H] / [E, H, I] tensors of Ernie4_5_MoeExperts (gate rows first, then up)."""
-    E, H, I = c.moe_num_experts, c.hidden_size, c.moe_intermediate_size
-    if m.prefix + "experts.gate_up_proj" in m.ckpt:
-        gate_up = m("experts.gate_up_proj", E, 2 * I, H)
-        return unstacked(gate_up, 0, I), unstacked(gate_up, I), unstacked(m("experts.down_proj", E, H, I))
-    each = [m.under(f"experts.{e}.") for e in range(E)]
-    return ([x("gate_proj.weight", I, H) for x in each], [x("up_proj.weight", I, H) for x in each],
-            [x("down_proj.weight", H, I) for x in each])
-
-
 def sparse_moe_block(d: Decoder, h, m: Weights):
     """Ernie4_5_MoeSparseMoeBlock.forward: routed experts plus the shared experts."""
     g, c, target = d.g, d.c, d.target
@@ -94,7 +82,7 @@ def sparse_moe_block(d: Decoder, h, m: Weights):
         total = g.op.ReduceSum(weight, g.constant([-1], "int64"), keepdims=1)  # (B, S, 1)
         floor = g.op.CastLike(g.constant(c.moe_norm_min, "float32"), total)
         weight = g.op.Div(weight, g.op.Max(total, floor))
-    y = routed_experts(g, h, scores, index, weight, k, *experts(m, c), target)
+    y = routed_experts(g, h, scores, index, weight, k, *expert_matrices(m, c.moe_num_experts, c.hidden_size, c.moe_intermediate_size), target)
     if c.moe_num_shared_experts > 0:
         with g.scope("shared_experts"):
             shared = dense_mlp(d, h, m.under("shared_experts."), c.moe_intermediate_size * c.moe_num_shared_experts,

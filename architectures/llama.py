@@ -118,13 +118,14 @@ def mlp(d: Decoder, m: Weights, h):
                      c.hidden_act, d.target, biases)
 
 
-def decoder_layer(d: Decoder, w: Weights, i: int, mlp=mlp):
+def decoder_layer(d: Decoder, w: Weights, i: int, mlp=mlp, norms=("input_layernorm", "post_attention_layernorm")):
     """LlamaDecoderLayer.forward: x + attn(norm(x)), then x + mlp(norm(x)); returns the layer's KV.
-    `mlp(d, weights under "mlp.", h)`: the family's MLP (Llama's gated one by default)."""
+    `mlp(d, weights under "mlp.", h)`: the family's MLP (Llama's gated one by default); `norms`:
+    the module names of the two norms (Apertus: attention_layernorm, feedforward_layernorm)."""
     g, c = d.g, d.c
     H, D = c.hidden_size, c.head_dim
-    with g.scope("input_layernorm"):
-        h = d.stream.norm(w("input_layernorm.weight", H))
+    with g.scope(norms[0]):
+        h = d.stream.norm(w(f"{norms[0]}.weight", H))
     a = w.under("self_attn.")
     attention = attention_weights(a, c, c.qkv_bias, c.attention_out_bias, a if c.qk_norm else None)
     spec = AttentionSpec(c.num_attention_heads, c.num_key_value_heads, D, window=c.window(i), norm_eps=c.rms_norm_eps,
@@ -132,8 +133,8 @@ def decoder_layer(d: Decoder, w: Weights, i: int, mlp=mlp):
     with g.scope("self_attn"):
         h, key, value = self_attention(g, h, d.past(i), d.lengths, d.rotary, attention, spec, d.target, d.prepared)
     d.stream.add(h)
-    with g.scope("post_attention_layernorm"):
-        h = d.stream.norm(w("post_attention_layernorm.weight", H))
+    with g.scope(norms[1]):
+        h = d.stream.norm(w(f"{norms[1]}.weight", H))
     with g.scope("mlp"):
         d.stream.add(mlp(d, w.under("mlp."), h))
     return key, value

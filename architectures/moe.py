@@ -22,6 +22,7 @@ import onnx_ir as ir
 
 from builder.architecture import Weights, attention_weights
 from builder.blocks import AttentionSpec, AttentionWeights, gated_mlp, linear, self_attention, sparse_moe
+from builder.blocks.moe import unstacked
 from builder.decoder_config import DecoderConfig
 from builder.errors import BuildError
 from builder.family import Decoder, Family, parse, register
@@ -134,6 +135,19 @@ def pre_norm_layer(d: Decoder, w: Weights, i: int, attention: AttentionWeights, 
     return key, value
 
 
+def expert_matrices(m: Weights, count: int, hidden: int, inter: int):
+    """Each expert's (gate, up, down) matrices under `m` (a sparse block's weights): per-expert
+    Linears (`experts.{e}.gate_proj`, ...) as on the hub, or the stacked [E, 2I, H] / [E, H, I]
+    `experts.gate_up_proj` / `experts.down_proj` transformers 5 saves (gate rows first, then up)."""
+    E, H, I = count, hidden, inter
+    if m.prefix + "experts.gate_up_proj" in m.ckpt:
+        gate_up = m("experts.gate_up_proj", E, 2 * I, H)
+        return unstacked(gate_up, 0, I), unstacked(gate_up, I), unstacked(m("experts.down_proj", E, H, I))
+    each = [m.under(f"experts.{e}.") for e in range(E)]
+    return ([x("gate_proj.weight", I, H) for x in each], [x("up_proj.weight", I, H) for x in each],
+            [x("down_proj.weight", H, I) for x in each])
+
+
 def dense_mlp(d: Decoder, h: ir.Value, m: Weights, size: int, bias: bool = False) -> ir.Value:
     """A SwiGLU MLP under `m` (gate_proj, up_proj, down_proj, of width `size`), biased when `bias`."""
     H = d.c.hidden_size
@@ -181,5 +195,5 @@ FAMILY = register(Family(
     ignored=("model.layers.*.self_attn.rotary_emb.inv_freq",),
 ))
 
-__all__ = ["FAMILY", "STRUCTURE", "VARIANTS", "MoeConfig", "decoder_layer", "dense_mlp", "mlp", "parse_whole_head",
+__all__ = ["FAMILY", "STRUCTURE", "VARIANTS", "MoeConfig", "decoder_layer", "dense_mlp", "expert_matrices", "mlp", "parse_whole_head",
            "pre_norm_layer"]

@@ -38,6 +38,11 @@ class DecoderInfo:
     pad_token_id: int | None
     sliding_window: int | None = None
     sliding_window_layers: list[int] = field(default_factory=list)
+    # Hybrid decoders (LFM2): the layers that carry a convolution state instead of a KV cache, the
+    # state's (channels, length), and the layer types genai_config.json lists for them.
+    conv_layers: list[int] = field(default_factory=list)
+    conv_state: tuple[int, int] | None = None
+    layer_types: list[str] | None = None
 
 
 def decoder_info(c: Any) -> DecoderInfo:
@@ -54,7 +59,16 @@ def decoder_info(c: Any) -> DecoderInfo:
         context_length=c.max_position_embeddings, bos_token_id=c.bos_token_id,
         eos_token_ids=token_ids(c.eos_token_id), pad_token_id=c.pad_token_id,
         sliding_window=windows[sliding[0]] if sliding else None, sliding_window_layers=sliding,
+        **_conv_state_info(c),
     )
+
+
+def _conv_state_info(c: Any) -> dict[str, Any]:
+    """DecoderInfo's conv-state fields for a config with `conv_layers` and `conv_state` (LFM2's);
+    none for the others."""
+    if not getattr(c, "conv_layers", None):
+        return {}
+    return {"conv_layers": list(c.conv_layers), "conv_state": c.conv_state, "layer_types": list(c.layer_types)}
 
 
 class Weights:

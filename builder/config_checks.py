@@ -85,11 +85,13 @@ def _check_number(key: str, value: Any, float_field: bool, name: str, source: st
         raise BuildError(f"{source}: {name} is {_shown(value)}; expected an integer below 2^31")
 
 
-def check_together(values: dict[str, Any], fields: dict[str, dataclasses.Field], key_prefix: str = "") -> None:
+def check_together(values: dict[str, Any], fields: dict[str, dataclasses.Field], key_prefix: str = "",
+                   layer_types: tuple[str, ...] = LAYER_TYPES) -> None:
     """Refuses config fields that disagree: attention heads that do not group over the KV heads,
     a head_dim derived from a hidden_size the heads do not divide, layer_types not one known type
     per layer, LongRoPE factors not one per rotated pair of the head (numpy would broadcast a
-    single one). `values`: the given ones; `fields`: the dataclass's, for the defaults of the rest."""
+    single one). `values`: the given ones; `fields`: the dataclass's, for the defaults of the rest;
+    `layer_types`: the ones the family builds (a hybrid's convolution layers besides attention)."""
     def get(name: str) -> Any:
         field = fields.get(name)
         default = None if field is None or field.default is dataclasses.MISSING else field.default
@@ -102,14 +104,14 @@ def check_together(values: dict[str, Any], fields: dict[str, dataclasses.Field],
     if hidden and heads and get("head_dim") is None and hidden % heads:
         raise BuildError(f"config.json: {key_prefix}hidden_size ({hidden}) is not a multiple of "
                          f"num_attention_heads ({heads}), and no head_dim says the heads' width")
-    layer_types, layers = values.get("layer_types"), get("num_hidden_layers")
-    if isinstance(layer_types, list):
-        unknown = [t for t in layer_types if t not in LAYER_TYPES]
+    given_types, layers = values.get("layer_types"), get("num_hidden_layers")
+    if isinstance(given_types, list):
+        unknown = [t for t in given_types if t not in layer_types]
         if unknown:
             raise BuildError(f"config.json: {key_prefix}layer_types has {unknown[0]!r}; builder builds "
-                             f"{' and '.join(LAYER_TYPES)} layers")
-        if layers is not None and len(layer_types) != layers:
-            raise BuildError(f"config.json: {key_prefix}layer_types has {len(layer_types)} entries for "
+                             f"{' and '.join(layer_types)} layers")
+        if layers is not None and len(given_types) != layers:
+            raise BuildError(f"config.json: {key_prefix}layer_types has {len(given_types)} entries for "
                              f"{layers} layers (num_hidden_layers)")
     rope = values.get("rope_parameters")
     if isinstance(rope, dict) and hidden and heads:

@@ -11,7 +11,7 @@ from typing import Any
 from builder.architecture import DecoderInfo
 from builder.config_checks import token_ids
 from builder.hub import TOKENIZER_FILES
-from builder.io import PAST_KEY, PAST_VALUE, PRESENT_KEY, PRESENT_VALUE
+from builder.io import PAST_CONV, PAST_KEY, PAST_VALUE, PRESENT_CONV, PRESENT_KEY, PRESENT_VALUE
 from builder.target import Target
 
 # Sampling settings taken from generation_config.json when it sets them, else these.
@@ -84,7 +84,20 @@ def _decoder_section(info: DecoderInfo, target: Target, filename: str, inputs_em
             "layers": info.sliding_window_layers,
             "cache_slack": 0,
         }
+    if info.conv_layers:
+        _declare_conv_state(decoder, info)
     return decoder
+
+
+def _declare_conv_state(decoder: dict[str, Any], info: DecoderInfo) -> None:
+    """A hybrid decoder's convolution states, as onnxruntime-genai 0.18 reads them (its builder's
+    lfm2.py and base.py): past/present_conv_names beside the KV names (genai feeds zeros of the
+    inputs' shape first, then each present back), the layer types (which layers have KV, which a
+    conv state; the lfm2 type requires them) and the state's length."""
+    decoder["inputs"]["past_conv_names"] = PAST_CONV
+    decoder["outputs"]["present_conv_names"] = PRESENT_CONV
+    decoder["layer_types"] = info.layer_types
+    decoder["conv_cache_size"] = info.conv_state[1]
 
 
 def _search_section(info: DecoderInfo, generation: dict[str, Any], search: dict[str, Any] | None) -> dict[str, Any]:

@@ -17,7 +17,14 @@ import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
-from builder.config_checks import check_together, config_object, config_value, rope_sources, warn_past_vocabulary
+from builder.config_checks import (
+    LAYER_TYPES,
+    check_together,
+    config_object,
+    config_value,
+    rope_sources,
+    warn_past_vocabulary,
+)
 from builder.errors import BuildError
 
 T = TypeVar("T")
@@ -70,7 +77,7 @@ def from_dict(cls: type[T], raw: dict[str, Any], defaults: dict[str, Any] | None
     values = dict(defaults or {})
     values.update({k: config_value(k, v, hints[k], key_prefix + k) for k, v in raw.items() if k in fields})
     values.update({k: config_value(k, v, hints[k], key_prefix + k) if k in hints else v for k, v in derived.items()})
-    check_together(values, fields, key_prefix)
+    check_together(values, fields, key_prefix, getattr(cls, "LAYER_TYPES", LAYER_TYPES))
     try:
         return cls(**values)
     except (TypeError, ValueError) as e:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_ir as ir
@@ -13,6 +13,8 @@ PAST_WINDOW, TOTAL_WINDOW = "past_sliding_length", "total_sliding_length"
 
 PAST_KEY, PAST_VALUE = "past_key_values.%d.key", "past_key_values.%d.value"
 PRESENT_KEY, PRESENT_VALUE = "present.%d.key", "present.%d.value"
+# A convolution layer's state (LFM2): its last inputs, (batch, channels, length); no KV cache.
+PAST_CONV, PRESENT_CONV = "past.%d.conv", "present.%d.conv"
 
 
 def _value(name: str, dtype: np.dtype | type, dims: tuple) -> ir.Value:
@@ -24,7 +26,9 @@ class DecoderIO:
     """The graph inputs, and the output values once the decoder has produced them.
 
     A multimodal package's decoder reads `inputs_embeds` (batch, sequence, hidden) from its
-    embedding model instead of `input_ids`; `token_input` is whichever of the two the graph has."""
+    embedding model instead of `input_ids`; `token_input` is whichever of the two the graph has.
+    A hybrid decoder's convolution layers read a conv state (`conv`, by layer) and have no KV:
+    their `past` entry is None, and their layer returns its present conv state alone, a 1-tuple."""
 
     input_ids: ir.Value | None
     attention_mask: ir.Value
@@ -33,21 +37,24 @@ class DecoderIO:
     kv_dims: tuple[int, int]  # (num_kv_heads, head_size)
     windowed_layers: frozenset[int] = frozenset()
     inputs_embeds: ir.Value | None = None
+    conv: dict[int, ir.Value] = field(default_factory=dict)
 
     @classmethod
     def create(
         cls, num_layers: int, num_kv_heads: int, head_size: int, io_dtype: np.dtype, windowed_layers=(),
-        embeds_width: int | None = None,
+        embeds_width: int | None = None, conv_layers=(), conv_state: tuple[int, int] | None = None,
     ) -> DecoderIO:
         """`windowed_layers` keep a window-long KV ring buffer (see Target.windowed_kv_cache);
-        `embeds_width` (the hidden size) makes the decoder read inputs_embeds instead of input_ids."""
+        `embeds_width` (the hidden size) makes the decoder read inputs_embeds instead of input_ids;
+        `conv_layers` read a conv state of (channels, length) `conv_state` instead of a KV cache."""
         windowed = frozenset(windowed_layers)
 
         def kv(i: int, pattern: str) -> ir.Value:
             length = PAST_WINDOW if i in windowed else PAST
             return _value(pattern % i, io_dtype, (BATCH, num_kv_heads, length, head_size))
 
-        past = [(kv(i, PAST_KEY), kv(i, PAST_VALUE)) for i in range(num_layers)]
+        conv = {i: _value(PAST_CONV % i, io_dtype, (BATCH, *conv_state)) for i in conv_layers}
+        past = [None if i in conv else (kv(i, PAST_KEY), kv(i, PAST_VALUE)) for i in range(num_layers)]
         embeds = None if embeds_width is None else _value("inputs_embeds", io_dtype, (BATCH, SEQUENCE, embeds_width))
         return cls(
             input_ids=_value("input_ids", np.int64, (BATCH, SEQUENCE)) if embeds is None else None,
@@ -57,6 +64,7 @@ class DecoderIO:
             kv_dims=(num_kv_heads, head_size),
             windowed_layers=windowed,
             inputs_embeds=embeds,
+            conv=conv,
         )
 
     @property
@@ -65,7 +73,8 @@ class DecoderIO:
 
     @property
     def inputs(self) -> list[ir.Value]:
-        return [self.token_input, self.attention_mask, *(v for kv in self.past for v in kv)]
+        states = (kv if kv is not None else (self.conv[i],) for i, kv in enumerate(self.past))
+        return [self.token_input, self.attention_mask, *(v for state in states for v in state)]
 
     def outputs(self, logits: ir.Value, vocab_size: int, presents: list[tuple[ir.Value, ir.Value]]) -> list[ir.Value]:
         """Names and types the final values as the contract's outputs."""
@@ -73,12 +82,21 @@ class DecoderIO:
         logits.type = ir.TensorType(ir.DataType.from_numpy(logits_dtype(self.io_dtype)))
         logits.shape = ir.Shape((BATCH, SEQUENCE, vocab_size))
         heads, size = self.kv_dims
-        for i, (key, value) in enumerate(presents):
+        for i, present in enumerate(presents):
+            if i in self.conv:
+                self._name_conv_state(i, *present)
+                continue
+            key, value = present
             for v, pattern in ((key, PRESENT_KEY), (value, PRESENT_VALUE)):
                 v.name = pattern % i
                 v.type = ir.TensorType(ir.DataType.from_numpy(self.io_dtype))
                 v.shape = ir.Shape((BATCH, heads, TOTAL_WINDOW if i in self.windowed_layers else TOTAL, size))
-        return [logits, *(v for kv in presents for v in kv)]
+        return [logits, *(v for state in presents for v in state)]
+
+    def _name_conv_state(self, layer: int, state: ir.Value) -> None:
+        past = self.conv[layer]
+        state.name = PRESENT_CONV % layer
+        state.type, state.shape = past.type, ir.Shape(tuple(past.shape))
 
 
 def logits_dtype(io_dtype: np.dtype) -> np.dtype:

@@ -199,9 +199,16 @@ def verify(options: BuildOptions, output: Path, folder: Path, quiet: bool = Fals
     names = [o.name for o in session.get_outputs()]
     embed = _embedder(output, genai, decoder["hidden_size"])
 
+    # A hybrid's convolution layers (LFM2) carry a conv state instead of KV: zeros first, as genai.
+    conv_layers = {i for i, kind in enumerate(decoder.get("layer_types") or []) if kind == "conv"}
+
     def run(feed, past, total):
         feed = {**feed, "attention_mask": np.ones((1, total), np.int64)}
         for i in range(decoder["num_hidden_layers"]):
+            if i in conv_layers:
+                feed[f"past.{i}.conv"] = past[f"present.{i}.conv"] if past else np.zeros(
+                    (1, decoder["hidden_size"], decoder["conv_cache_size"]), dtype)
+                continue
             cap = window["window_size"] if i in window.get("layers", []) else 0
             for kind in ("key", "value"):
                 feed[f"past_key_values.{i}.{kind}"] = past[f"present.{i}.{kind}"] if past else np.zeros(

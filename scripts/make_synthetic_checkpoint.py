@@ -229,6 +229,16 @@ MINISTRAL_3_3B = {  # the text decoder of Ministral-3-3B, as Ministral3ForCausal
     "sliding_window": None, "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 11,
     "torch_dtype": "bfloat16",
 }
+APERTUS_8B = {  # swiss-ai/Apertus-8B-2509, from memory (shapes confirmed: 21504-wide MLP, 8 KV heads of 128)
+    "architectures": ["ApertusForCausalLM"], "model_type": "apertus", "vocab_size": 131072, "hidden_size": 4096,
+    "intermediate_size": 21504, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "hidden_act": "xielu", "max_position_embeddings": 65536, "rms_norm_eps": 1e-5, "rope_theta": 12000000,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192,
+                     "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+    "qk_norm": True, "post_norm": False,  # keys of the hub's config.json (from memory) that transformers ignores
+    "attention_bias": False, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 3,
+    "torch_dtype": "bfloat16",
+}
 
 # openai/gpt-oss-20b's shapes, in the bf16 layout transformers 5 saves (the hub's own checkpoint
 # stores the experts in MXFP4: *_blocks and *_scales).
@@ -294,6 +304,32 @@ ERNIE_4_5_21B_A3B = {
     "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "torch_dtype": "bfloat16",
 }
 
+# zai-org/GLM-4.5-Air's shapes, from memory (not checked against the hub): 46 layers, the first dense,
+# the others 128 experts (top 8, one group) and one shared; 96 query heads of 128 on a hidden size of
+# 4096; and the multi-token-prediction layer the hub checkpoint carries as layer 46.
+GLM_4_5_AIR = {
+    "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "vocab_size": 151552, "hidden_size": 4096,
+    "intermediate_size": 10944, "num_hidden_layers": 46, "num_attention_heads": 96, "num_key_value_heads": 8,
+    "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+    "rope_theta": 1000000, "rope_scaling": None, "partial_rotary_factor": 0.5, "attention_bias": True,
+    "use_qk_norm": False, "moe_intermediate_size": 1408, "n_routed_experts": 128, "num_experts_per_tok": 8,
+    "n_shared_experts": 1, "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0, "norm_topk_prob": True,
+    "first_k_dense_replace": 1, "num_nextn_predict_layers": 1, "tie_word_embeddings": False,
+    "eos_token_id": [151329, 151336, 151338], "pad_token_id": 151329, "torch_dtype": "bfloat16",
+}
+
+# LiquidAI/LFM2-1.2B's shapes, from memory (not checked against the hub): 16 layers, attention at
+# 2, 5, 8, 10, 12 and 14, 3-tap convolutions elsewhere; the MLP 12288 adjusted to 8192.
+LFM2_1_2B = {
+    "architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2", "vocab_size": 65536, "hidden_size": 2048,
+    "intermediate_size": 12288, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "max_position_embeddings": 128000, "norm_eps": 1e-5, "rope_theta": 1000000.0, "conv_L_cache": 3,
+    "conv_bias": False, "block_auto_adjust_ff_dim": True, "block_ffn_dim_multiplier": 1.0, "block_multiple_of": 256,
+    "full_attn_idxs": [2, 5, 8, 10, 12, 14],
+    "layer_types": ["full_attention" if i in (2, 5, 8, 10, 12, 14) else "conv" for i in range(16)],
+    "tie_embedding": True, "bos_token_id": 1, "eos_token_id": 7, "pad_token_id": 0, "torch_dtype": "bfloat16",
+}
+
 PRESETS: dict[str, dict] = {
     "Llama-3.2-1B": LLAMA_3_2_1B,
     "Llama-3.1-8B": LLAMA_3_1_8B,
@@ -320,12 +356,15 @@ PRESETS: dict[str, dict] = {
     "ERNIE-4.5-0.3B-PT": ERNIE_4_5_0_3B,
     "Ministral-8B-Instruct-2410": MINISTRAL_8B,
     "Ministral-3-3B": MINISTRAL_3_3B,
+    "Apertus-8B-2509": APERTUS_8B,
     "gpt-oss-20b": GPT_OSS_20B,
     "OLMoE-1B-7B-0924": OLMOE_1B_7B,
     "Qwen3-30B-A3B": QWEN3_30B_A3B,
     "granite-3.1-3b-a800m-instruct": GRANITE_3_1_3B_A800M,
     "Phi-3.5-MoE-instruct": PHI_3_5_MOE,
     "ERNIE-4.5-21B-A3B-PT": ERNIE_4_5_21B_A3B,
+    "GLM-4.5-Air": GLM_4_5_AIR,
+    "LFM2-1.2B": LFM2_1_2B,
 }
 
 
@@ -568,6 +607,22 @@ def hunyuan_dense_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
             yield name.replace("o_proj", "query_layernorm"), (D,)
             yield name.replace("o_proj", "key_layernorm"), (D,)
 
+
+def apertus_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Apertus: Qwen3's attention names (per-head q/k norms), attention_layernorm and
+    feedforward_layernorm, an up/down MLP without gate, and xIELU's stored parameters per layer
+    (alpha_p and alpha_n of shape [1], beta and eps scalars)."""
+    norms = {"input_layernorm": "attention_layernorm", "post_attention_layernorm": "feedforward_layernorm"}
+    for name, shape in llama_tensors(dict(c, model_type="qwen3")):
+        if name.endswith("mlp.gate_proj.weight"):
+            continue
+        module = name.split(".")[-2]
+        yield name.replace(module, norms.get(module, module)), shape
+        if name.endswith("mlp.down_proj.weight"):
+            p = name.removesuffix("down_proj.weight") + "act_fn."
+            yield from ((p + "alpha_p", (1,)), (p + "alpha_n", (1,)), (p + "beta", ()), (p + "eps", ()))
+
+
 def gpt_oss_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     """gpt-oss: Llama's attention with biases and per-head sinks; a router and stacked biased experts
     ([E, H, 2I] gate_up_proj, gate and up interleaved; [E, I, H] down_proj) instead of the MLP."""
@@ -671,6 +726,77 @@ def ernie4_5_moe_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
                 yield p + f"shared_experts.{proj}.weight", shape_
 
 
+def glm4_moe_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """GLM-4.5: Llama's names with q/k/v biases and optional per-head q/k norms; below
+    first_k_dense_replace a dense MLP, then a router mlp.gate (with e_score_correction_bias), experts
+    mlp.experts.{e}.*_proj and mlp.shared_experts; after the last layer the multi-token-prediction
+    layers (a whole layer plus eh_proj, enorm, hnorm, shared_head.norm)."""
+    H, I, V, E = c["hidden_size"], c["intermediate_size"], c["vocab_size"], c["n_routed_experts"]
+    M, n = c["moe_intermediate_size"], c["num_hidden_layers"]
+    S = M * c["n_shared_experts"]
+    D = c.get("head_dim") or H // c["num_attention_heads"]
+    q, kv = c["num_attention_heads"] * D, c["num_key_value_heads"] * D
+    mlp = (("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I)))
+    shared = (("gate_proj", (S, H)), ("up_proj", (S, H)), ("down_proj", (H, S)))
+    experts = (("gate_proj", (M, H)), ("up_proj", (M, H)), ("down_proj", (H, M)))
+    yield "model.embed_tokens.weight", (V, H)
+    for i in range(n + c.get("num_nextn_predict_layers", 1)):
+        p = f"model.layers.{i}."
+        yield p + "input_layernorm.weight", (H,)
+        yield p + "post_attention_layernorm.weight", (H,)
+        for proj, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+            yield p + f"self_attn.{proj}.weight", (rows, H)
+            if c.get("attention_bias"):
+                yield p + f"self_attn.{proj}.bias", (rows,)
+        yield p + "self_attn.o_proj.weight", (H, q)
+        if c.get("use_qk_norm"):
+            yield p + "self_attn.q_norm.weight", (D,)
+            yield p + "self_attn.k_norm.weight", (D,)
+        if i < c["first_k_dense_replace"]:
+            yield from ((p + f"mlp.{proj}.weight", shape) for proj, shape in mlp)
+            continue
+        yield p + "mlp.gate.weight", (E, H)
+        yield p + "mlp.gate.e_score_correction_bias", (E,)
+        for e in range(E):
+            yield from ((p + f"mlp.experts.{e}.{proj}.weight", shape) for proj, shape in experts)
+        yield from ((p + f"mlp.shared_experts.{proj}.weight", shape) for proj, shape in shared)
+        if i >= n:  # a multi-token-prediction layer's own tensors
+            yield p + "eh_proj.weight", (H, 2 * H)
+            yield from ((p + f"{norm}.weight", (H,)) for norm in ("enorm", "hnorm", "shared_head.norm"))
+    yield "model.norm.weight", (H,)
+    if not c.get("tie_word_embeddings"):
+        yield "lm_head.weight", (V, H)
+
+
+def lfm2_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """LFM2: per layer operator_norm and ffn_norm, then self_attn (q/k/v, out_proj, q/k_layernorm) or
+    conv (in_proj to 3 × hidden, a depthwise conv.weight of conv_L_cache taps, out_proj), and the
+    SwiGLU feed_forward w1/w3/w2 of the adjusted width; the final norm is model.embedding_norm."""
+    H, V, n = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
+    D = H // c["num_attention_heads"]
+    kv = c["num_key_value_heads"] * D
+    I = int(2 * c["intermediate_size"] / 3)  # block_auto_adjust_ff_dim, multiplier 1.0
+    I = c["block_multiple_of"] * -(-I // c["block_multiple_of"])
+    yield "model.embed_tokens.weight", (V, H)
+    for i in range(n):
+        p = f"model.layers.{i}."
+        yield p + "operator_norm.weight", (H,)
+        yield p + "ffn_norm.weight", (H,)
+        if c["layer_types"][i] == "conv":
+            yield p + "conv.in_proj.weight", (3 * H, H)
+            yield p + "conv.conv.weight", (H, 1, c["conv_L_cache"])
+            yield p + "conv.out_proj.weight", (H, H)
+        else:
+            yield from ((p + f"self_attn.{proj}.weight", (rows, H)) for proj, rows in
+                        (("q_proj", H), ("k_proj", kv), ("v_proj", kv)))
+            yield p + "self_attn.out_proj.weight", (H, H)
+            yield p + "self_attn.q_layernorm.weight", (D,)
+            yield p + "self_attn.k_layernorm.weight", (D,)
+        yield from ((p + f"feed_forward.{w}.weight", shape) for w, shape in
+                    (("w1", (I, H)), ("w3", (I, H)), ("w2", (H, I))))
+    yield "model.embedding_norm.weight", (H,)
+
+
 TENSORS = {
     "llama": llama_tensors, "mistral": llama_tensors, "qwen2": llama_tensors, "qwen3": llama_tensors,
     "granite": llama_tensors, "smollm3": llama_tensors, "seed_oss": llama_tensors, "ernie4_5": llama_tensors,
@@ -681,7 +807,8 @@ TENSORS = {
     "olmo": olmo_tensors, "olmo2": olmo_tensors, "olmo3": olmo_tensors, "exaone4": olmo_tensors,
     "hunyuan_v1_dense": hunyuan_dense_tensors, "gpt_oss": gpt_oss_tensors,
     "olmoe": moe_tensors, "qwen3_moe": moe_tensors, "granitemoe": granitemoe_tensors,
-    "phimoe": phimoe_tensors, "ernie4_5_moe": ernie4_5_moe_tensors,
+    "phimoe": phimoe_tensors, "ernie4_5_moe": ernie4_5_moe_tensors, "glm4_moe": glm4_moe_tensors,
+    "apertus": apertus_tensors, "lfm2": lfm2_tensors,
 }
 
 
@@ -742,7 +869,7 @@ def write_checkpoint(folder: Path, config: dict, seed: int = 0, shard_bytes: int
 SHRINK = {"vocab_size": 512, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 3,
           "max_position_embeddings": 256, "original_max_position_embeddings": 64,
           "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128, "max_window_layers": 3,
-          "moe_num_experts": 4, "moe_k": 2}
+          "moe_num_experts": 4, "moe_k": 2, "n_routed_experts": 4}
 
 
 def shrunk(config: dict) -> dict:

@@ -5,7 +5,6 @@ a short last block; each against transformers on the same fake quantization at a
 import onnx
 import pytest
 import torch
-import transformers
 from conftest import TINY
 from fake_quant import fake_quantize
 from helpers import build, make_checkpoint

@@ -184,6 +184,43 @@ def routed_experts(g: Graph, x: ir.Value, scores: ir.Value, index: ir.Value, wei
     return g.op.Mul(_experts(g, x, logits, gate, up, down, attributes, target), mass)  # (B, S, H) · (B, S, 1)
 
 
+def grouped_sigmoid_router(g: Graph, x: ir.Value, router: Weight, bias: Weight, top_k: int, n_group: int,
+                           topk_group: int, normalize: bool, scaling: float, target: Target
+                           ) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """The sigmoid router with a correction bias and grouped top-k of GLM-4.5 (Glm4MoeTopkRouter),
+    DeepSeek-V3 and dots.llm1, in float32 as transformers computes it: s = sigmoid(x · routerᵀ);
+    the experts fall in `n_group` equal groups, each scored by the sum of its two largest s + bias;
+    the experts are the top k of s + bias inside the `topk_group` best groups; their weights are s
+    (without the bias), divided by their sum (+1e-20) when `normalize`, times `scaling`. Returns
+    (router logits (B, S, E), index (B, S, k) int64, weight (B, S, k) in x's dtype), what
+    `routed_experts` takes. Call it inside the router's scope (`.../mlp/gate`)."""
+    E = router.shape[0]
+    float_target = replace(target, quantization=None, io_dtype=np.dtype(np.float32))
+    logits = linear(g, g.op.Cast(x, to=ir.DataType.FLOAT), router, float_target)  # (B, S, E)
+    scores = g.op.Sigmoid(logits)
+    choice = g.op.Add(scores, g.weight("e_score_correction_bias", bias.astype(np.float32)))  # (B, S, E)
+    if topk_group < n_group:  # groups left out: their experts cannot be chosen
+        with g.scope("groups"):
+            grouped = g.op.Reshape(choice, g.constant([0, 0, n_group, E // n_group], "int64"))  # (B, S, G, E/G)
+            best_two = g.op.TopK(grouped, g.constant([2], "int64"), axis=-1, _outputs=2)[0]
+            group_scores = g.op.ReduceSum(best_two, g.constant([-1], "int64"), keepdims=0)  # (B, S, G)
+            groups = g.op.TopK(group_scores, g.constant([topk_group], "int64"), axis=-1, _outputs=2)[1]
+            none = g.op.Expand(g.constant(False, np.bool_), g.op.Shape(group_scores))
+            kept = g.op.ScatterElements(none, groups, g.op.Expand(g.constant(True, np.bool_), g.op.Shape(groups)),
+                                        axis=-1)  # (B, S, G): the chosen groups
+            kept = g.op.Expand(g.op.Unsqueeze(kept, g.constant([-1], "int64")), g.op.Shape(grouped))
+            kept = g.op.Reshape(kept, g.op.Shape(choice))  # (B, S, E)
+            choice = g.op.Where(kept, choice, g.constant(-np.inf, np.float32))
+    index = g.op.TopK(choice, g.constant([top_k], "int64"), axis=-1, _outputs=2)[1]  # (B, S, k)
+    weight = g.op.GatherElements(scores, index, axis=-1)  # (B, S, k): without the bias
+    if normalize:
+        total = g.op.ReduceSum(weight, g.constant([-1], "int64"), keepdims=1)  # (B, S, 1)
+        weight = g.op.Div(weight, g.op.Add(total, g.constant(1e-20, np.float32)))
+    if scaling != 1.0:
+        weight = g.op.Mul(weight, g.constant(scaling, np.float32))
+    return logits, index, g.op.CastLike(weight, x)
+
+
 def sparsemixer(g: Graph, scores: ir.Value, jitter_eps: float) -> tuple[ir.Value, ir.Value]:
     """Phi-3.5-MoE's top-2 router at inference (transformers/models/phimoe/modeling_phimoe.py,
     `sparsemixer` with training=False) on router logits (B, S, E): expert j is the argmax of the
@@ -230,5 +267,5 @@ def _experts(g: Graph, x: ir.Value, logits: ir.Value, gate: Sequence[Weight], up
         return g.ms.MoE(x, logits, w1, None, w2, **attributes)
 
 
-__all__ = ["expert_block_size", "quantized_experts", "routed_experts", "sparse_moe", "sparsemixer", "stacked",
-           "stacked_gate_up", "unstacked"]
+__all__ = ["expert_block_size", "grouped_sigmoid_router", "quantized_experts", "routed_experts", "sparse_moe",
+           "sparsemixer", "stacked", "stacked_gate_up", "unstacked"]
