@@ -19,7 +19,7 @@ from typing import Any
 
 from architectures.moe import dense_mlp, pre_norm_layer
 from builder.architecture import Weights, attention_weights
-from builder.blocks import AttentionSpec, Rope, rotary_tables
+from builder.blocks import AttentionSpec, AttentionWeights, Rope, rotary_tables
 from builder.blocks.rope import default_inv_freq
 from builder.decoder_config import DecoderConfig
 from builder.family import Decoder, Family, register
@@ -60,16 +60,22 @@ def rotary(d: Decoder):
     return rotary_tables(d.g, d.c.rope(), d.c.max_position_embeddings, d.target, explicit=True)
 
 
-def decoder_layer(d: Decoder, w: Weights, i: int):
-    """HunYuanDenseV1DecoderLayer.forward: x + attn(norm(x)), then x + mlp(norm(x)); the attention
-    rotates q and k, then normalizes each head (query_layernorm, key_layernorm)."""
+def attention(d: Decoder, w: Weights) -> tuple[AttentionWeights, AttentionSpec]:
+    """HunYuan's attention (the dense and MoE models'): q/k/v/o with `attention_bias`, q and k
+    rotated, then each head normalized (query_layernorm, key_layernorm)."""
     c, D = d.c, d.c.head_dim
     a = w.under("self_attn.")
-    attention = replace(attention_weights(a, c, c.attention_bias, c.attention_bias),
-                        q_norm=a("query_layernorm.weight", D), k_norm=a("key_layernorm.weight", D))
+    weights = replace(attention_weights(a, c, c.attention_bias, c.attention_bias),
+                      q_norm=a("query_layernorm.weight", D), k_norm=a("key_layernorm.weight", D))
     spec = AttentionSpec(c.num_attention_heads, c.num_key_value_heads, D, norm_eps=c.rms_norm_eps,
                          qk_norm_after_rotary=True)
-    return pre_norm_layer(d, w, i, attention, spec, lambda h: dense_mlp(d, h, w.under("mlp."), c.intermediate_size))
+    return weights, spec
+
+
+def decoder_layer(d: Decoder, w: Weights, i: int):
+    """HunYuanDenseV1DecoderLayer.forward: x + attn(norm(x)), then x + mlp(norm(x))."""
+    return pre_norm_layer(d, w, i, *attention(d, w),
+                          lambda h: dense_mlp(d, h, w.under("mlp."), d.c.intermediate_size))
 
 
 FAMILY = register(Family(
@@ -77,4 +83,4 @@ FAMILY = register(Family(
     ignored=("model.layers.*.self_attn.rotary_emb.inv_freq",),
 ))
 
-__all__ = ["FAMILY", "GENAI_MODEL_TYPE", "VARIANTS", "HunYuanDenseConfig", "decoder_layer"]
+__all__ = ["FAMILY", "GENAI_MODEL_TYPE", "VARIANTS", "HunYuanDenseConfig", "attention", "decoder_layer", "rotary"]

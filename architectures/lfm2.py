@@ -119,8 +119,15 @@ def attention(d: Decoder, a: Weights, i: int, h):
     return out, (key, value)
 
 
-def decoder_layer(d: Decoder, w: Weights, i: int):
-    """Lfm2DecoderLayer.forward; returns the layer's present state: (key, value), or (conv state,)."""
+def dense_feed_forward(d: Decoder, f: Weights, i: int, h):
+    """Lfm2MLP.forward: SwiGLU w2(silu(w1(h)) · w3(h)) of width feed_forward_size."""
+    H, I = d.c.hidden_size, d.c.feed_forward_size
+    return gated_mlp(d.g, h, f("w1.weight", I, H), f("w3.weight", I, H), f("w2.weight", H, I), "silu", d.target)
+
+
+def decoder_layer(d: Decoder, w: Weights, i: int, feed_forward=dense_feed_forward):
+    """Lfm2DecoderLayer.forward; returns the layer's present state: (key, value), or (conv state,).
+    `feed_forward(d, weights under feed_forward., i, h)`: the MLP (LFM2-MoE's sparse block)."""
     g, c = d.g, d.c
     H = c.hidden_size
     with g.scope("operator_norm"):
@@ -135,10 +142,8 @@ def decoder_layer(d: Decoder, w: Weights, i: int):
     d.stream.add(h)
     with g.scope("ffn_norm"):
         h = d.stream.norm(w("ffn_norm.weight", H))
-    f, I = w.under("feed_forward."), c.feed_forward_size
     with g.scope("feed_forward"):
-        d.stream.add(gated_mlp(g, h, f("w1.weight", I, H), f("w3.weight", I, H), f("w2.weight", H, I), "silu",
-                               d.target))
+        d.stream.add(feed_forward(d, w.under("feed_forward."), i, h))
     return state
 
 
@@ -155,4 +160,4 @@ def conv_padding(d: Decoder):
 
 FAMILY = register(Family("lfm2", Lfm2Config, decoder_layer, VARIANTS, prepare=conv_padding, final_norm=final_norm))
 
-__all__ = ["FAMILY", "VARIANTS", "Lfm2Config", "decoder_layer"]
+__all__ = ["FAMILY", "VARIANTS", "Lfm2Config", "decoder_layer", "dense_feed_forward"]

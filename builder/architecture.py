@@ -43,6 +43,8 @@ class DecoderInfo:
     conv_layers: list[int] = field(default_factory=list)
     conv_state: tuple[int, int] | None = None
     layer_types: list[str] | None = None
+    # Linear-attention layers (Qwen3.5's gated DeltaNet): a recurrent state beside the conv state.
+    recurrent_state: tuple[int, ...] | None = None
 
 
 def decoder_info(c: Any) -> DecoderInfo:
@@ -68,7 +70,10 @@ def _conv_state_info(c: Any) -> dict[str, Any]:
     none for the others."""
     if not getattr(c, "conv_layers", None):
         return {}
-    return {"conv_layers": list(c.conv_layers), "conv_state": c.conv_state, "layer_types": list(c.layer_types)}
+    info = {"conv_layers": list(c.conv_layers), "conv_state": c.conv_state, "layer_types": list(c.layer_types)}
+    if getattr(c, "recurrent_state", None):
+        info["recurrent_state"] = c.recurrent_state
+    return info
 
 
 class Weights:

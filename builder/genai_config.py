@@ -12,6 +12,7 @@ from builder.architecture import DecoderInfo
 from builder.config_checks import token_ids
 from builder.hub import TOKENIZER_FILES
 from builder.io import PAST_CONV, PAST_KEY, PAST_VALUE, PRESENT_CONV, PRESENT_KEY, PRESENT_VALUE
+from builder.io import PAST_RECURRENT, PRESENT_RECURRENT
 from builder.target import Target
 
 # Sampling settings taken from generation_config.json when it sets them, else these.
@@ -98,6 +99,9 @@ def _declare_conv_state(decoder: dict[str, Any], info: DecoderInfo) -> None:
     decoder["outputs"]["present_conv_names"] = PRESENT_CONV
     decoder["layer_types"] = info.layer_types
     decoder["conv_cache_size"] = info.conv_state[1]
+    if info.recurrent_state:  # linear attention (Qwen3.5): past/present_recurrent_names, as genai's base.py
+        decoder["inputs"]["past_recurrent_names"] = PAST_RECURRENT
+        decoder["outputs"]["present_recurrent_names"] = PRESENT_RECURRENT
 
 
 def _search_section(info: DecoderInfo, generation: dict[str, Any], search: dict[str, Any] | None) -> dict[str, Any]:

@@ -15,6 +15,8 @@ PAST_KEY, PAST_VALUE = "past_key_values.%d.key", "past_key_values.%d.value"
 PRESENT_KEY, PRESENT_VALUE = "present.%d.key", "present.%d.value"
 # A convolution layer's state (LFM2): its last inputs, (batch, channels, length); no KV cache.
 PAST_CONV, PRESENT_CONV = "past.%d.conv", "present.%d.conv"
+# A linear-attention layer's recurrent state (Qwen3.5's gated DeltaNet), beside its conv state.
+PAST_RECURRENT, PRESENT_RECURRENT = "past.%d.recurrent", "present.%d.recurrent"
 
 
 def _value(name: str, dtype: np.dtype | type, dims: tuple) -> ir.Value:
@@ -28,7 +30,9 @@ class DecoderIO:
     A multimodal package's decoder reads `inputs_embeds` (batch, sequence, hidden) from its
     embedding model instead of `input_ids`; `token_input` is whichever of the two the graph has.
     A hybrid decoder's convolution layers read a conv state (`conv`, by layer) and have no KV:
-    their `past` entry is None, and their layer returns its present conv state alone, a 1-tuple."""
+    their `past` entry is None, and their layer returns its present conv state alone, a 1-tuple;
+    linear-attention layers (Qwen3.5) also read a recurrent state (`recurrent`, by layer) and
+    return (conv state, recurrent state)."""
 
     input_ids: ir.Value | None
     attention_mask: ir.Value
@@ -38,15 +42,18 @@ class DecoderIO:
     windowed_layers: frozenset[int] = frozenset()
     inputs_embeds: ir.Value | None = None
     conv: dict[int, ir.Value] = field(default_factory=dict)
+    recurrent: dict[int, ir.Value] = field(default_factory=dict)
 
     @classmethod
     def create(
         cls, num_layers: int, num_kv_heads: int, head_size: int, io_dtype: np.dtype, windowed_layers=(),
         embeds_width: int | None = None, conv_layers=(), conv_state: tuple[int, int] | None = None,
+        recurrent_state: tuple[int, ...] | None = None,
     ) -> DecoderIO:
         """`windowed_layers` keep a window-long KV ring buffer (see Target.windowed_kv_cache);
         `embeds_width` (the hidden size) makes the decoder read inputs_embeds instead of input_ids;
-        `conv_layers` read a conv state of (channels, length) `conv_state` instead of a KV cache."""
+        `conv_layers` read a conv state of (channels, length) `conv_state` instead of a KV cache, and
+        with `recurrent_state` (its shape less the batch) a recurrent state after it too."""
         windowed = frozenset(windowed_layers)
 
         def kv(i: int, pattern: str) -> ir.Value:
@@ -54,6 +61,8 @@ class DecoderIO:
             return _value(pattern % i, io_dtype, (BATCH, num_kv_heads, length, head_size))
 
         conv = {i: _value(PAST_CONV % i, io_dtype, (BATCH, *conv_state)) for i in conv_layers}
+        recurrent = {} if recurrent_state is None else {
+            i: _value(PAST_RECURRENT % i, io_dtype, (BATCH, *recurrent_state)) for i in conv_layers}
         past = [None if i in conv else (kv(i, PAST_KEY), kv(i, PAST_VALUE)) for i in range(num_layers)]
         embeds = None if embeds_width is None else _value("inputs_embeds", io_dtype, (BATCH, SEQUENCE, embeds_width))
         return cls(
@@ -65,6 +74,7 @@ class DecoderIO:
             windowed_layers=windowed,
             inputs_embeds=embeds,
             conv=conv,
+            recurrent=recurrent,
         )
 
     @property
@@ -73,7 +83,7 @@ class DecoderIO:
 
     @property
     def inputs(self) -> list[ir.Value]:
-        states = (kv if kv is not None else (self.conv[i],) for i, kv in enumerate(self.past))
+        states = (kv if kv is not None else (self.conv[i], *self._recurrent(i)) for i, kv in enumerate(self.past))
         return [self.token_input, self.attention_mask, *(v for state in states for v in state)]
 
     def outputs(self, logits: ir.Value, vocab_size: int, presents: list[tuple[ir.Value, ir.Value]]) -> list[ir.Value]:
@@ -93,10 +103,17 @@ class DecoderIO:
                 v.shape = ir.Shape((BATCH, heads, TOTAL_WINDOW if i in self.windowed_layers else TOTAL, size))
         return [logits, *(v for state in presents for v in state)]
 
-    def _name_conv_state(self, layer: int, state: ir.Value) -> None:
-        past = self.conv[layer]
-        state.name = PRESENT_CONV % layer
-        state.type, state.shape = past.type, ir.Shape(tuple(past.shape))
+    def _recurrent(self, layer: int) -> tuple[ir.Value, ...]:
+        return (self.recurrent[layer],) if layer in self.recurrent else ()
+
+    def _name_conv_state(self, layer: int, state: ir.Value, recurrent: ir.Value | None = None) -> None:
+        """Names a conv layer's present state(s): its conv state, and its recurrent state if it has one."""
+        named = [(state, self.conv[layer], PRESENT_CONV)]
+        if recurrent is not None:
+            named.append((recurrent, self.recurrent[layer], PRESENT_RECURRENT))
+        for value, past, pattern in named:
+            value.name = pattern % layer
+            value.type, value.shape = past.type, ir.Shape(tuple(past.shape))
 
 
 def logits_dtype(io_dtype: np.dtype) -> np.dtype:

@@ -126,7 +126,8 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     windowed = info.sliding_window_layers if target.windowed_kv_cache else []
     io = DecoderIO.create(info.num_layers, info.num_kv_heads, info.head_size, target.io_dtype, windowed,
                           embeds_width=info.hidden_size if package is not None else None,
-                          conv_layers=info.conv_layers, conv_state=info.conv_state)
+                          conv_layers=info.conv_layers, conv_state=info.conv_state,
+                          recurrent_state=info.recurrent_state)
     logits, presents = family.build(g, io, checkpoint, config, target)
     checkpoint.check_consumed(family.ignored if package is None else package.ignored)
     if target.quantization is not None:

@@ -330,6 +330,66 @@ LFM2_1_2B = {
     "tie_embedding": True, "bos_token_id": 1, "eos_token_id": 7, "pad_token_id": 0, "torch_dtype": "bfloat16",
 }
 
+# rednote-hilab/dots.llm1.inst's shapes, from memory (not checked against the hub): 62 layers, the
+# first dense, the others 128 experts (top 6, one group, weights normalized and times 2.5) and two
+# shared; 32 heads of 128 on a hidden size of 4096, q/k norms; no sliding window.
+DOTS_LLM1_INST = {
+    "architectures": ["Dots1ForCausalLM"], "model_type": "dots1", "vocab_size": 152064, "hidden_size": 4096,
+    "intermediate_size": 10944, "num_hidden_layers": 62, "num_attention_heads": 32, "num_key_value_heads": 32,
+    "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 32768, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000000, "rope_scaling": None, "attention_bias": False, "moe_intermediate_size": 1408,
+    "n_routed_experts": 128, "num_experts_per_tok": 6, "n_shared_experts": 2, "n_group": 1, "topk_group": 1,
+    "routed_scaling_factor": 2.5, "norm_topk_prob": True, "first_k_dense_replace": 1, "sliding_window": None,
+    "max_window_layers": 62, "tie_word_embeddings": False, "eos_token_id": 151649, "pad_token_id": 151643,
+    "torch_dtype": "bfloat16",
+}
+
+# tencent/Hunyuan-A13B-Instruct's shapes, from memory (not checked against the hub): 32 layers of 64
+# experts (top 8) 3072 wide and one shared MLP as wide; 32 query heads of 128, 8 KV heads; NTK-alpha
+# rope; the original code's per-layer lists, which transformers ignores.
+HUNYUAN_A13B_INSTRUCT = {
+    "architectures": ["HunYuanMoEV1ForCausalLM"], "model_type": "hunyuan_v1_moe", "vocab_size": 128167,
+    "hidden_size": 4096, "intermediate_size": 3072, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+    "rope_scaling": {"alpha": 1000.0, "beta_fast": 32, "beta_slow": 1, "factor": 1.0, "mscale": 1.0,
+                     "mscale_all_dim": 1.0, "type": "dynamic"},
+    "num_experts": 64, "moe_topk": [8] * 32, "moe_intermediate_size": [3072] * 32, "num_shared_expert": [1] * 32,
+    "use_mixed_mlp_moe": True, "use_qk_norm": True, "use_cla": False, "attention_bias": False, "mlp_bias": False,
+    "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 127960, "pad_token_id": 127961,
+    "torch_dtype": "bfloat16",
+}
+
+# LiquidAI/LFM2-8B-A1B's shapes, from memory (not checked against the hub): 24 layers, attention at
+# 2, 6, 10, 14, 18 and 21, 3-tap convolutions elsewhere; the first 2 layers dense (7168), then 32
+# experts of 1792, 4 chosen by sigmoid scores plus an expert bias, normalized.
+LFM2_8B_A1B = {
+    "architectures": ["Lfm2MoeForCausalLM"], "model_type": "lfm2_moe", "vocab_size": 65536, "hidden_size": 2048,
+    "intermediate_size": 7168, "moe_intermediate_size": 1792, "num_hidden_layers": 24, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "max_position_embeddings": 128000, "norm_eps": 1e-5, "rope_theta": 1000000.0,
+    "conv_L_cache": 3, "conv_bias": False, "num_dense_layers": 2, "num_experts": 32, "num_experts_per_tok": 4,
+    "use_expert_bias": True, "routed_scaling_factor": 1.0, "norm_topk_prob": True,
+    "layer_types": ["full_attention" if i in (2, 6, 10, 14, 18, 21) else "conv" for i in range(24)],
+    "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 7, "pad_token_id": 0, "torch_dtype": "bfloat16",
+}
+
+# Qwen/Qwen3.5-2B's text decoder, from memory (not checked against the hub; the hub saves it as
+# Qwen3_5ForConditionalGeneration, this is its Qwen3_5ForCausalLM layout): 24 layers, every 4th full
+# attention (8 query heads of 256, 2 KV heads, output gate, a quarter of the head rotated), the others
+# gated DeltaNet (16 key and 16 value heads of 128, a 4-tap conv).
+QWEN3_5_2B = {
+    "architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "vocab_size": 248320, "hidden_size": 2048,
+    "intermediate_size": 6144, "num_hidden_layers": 24, "num_attention_heads": 8, "num_key_value_heads": 2,
+    "head_dim": 256, "hidden_act": "silu", "max_position_embeddings": 262144, "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
+                        "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+    "linear_num_key_heads": 16, "linear_num_value_heads": 16,
+    "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(24)],
+    "tie_word_embeddings": True, "bos_token_id": None, "eos_token_id": 248044, "pad_token_id": None,
+    "torch_dtype": "bfloat16",
+}
+
 PRESETS: dict[str, dict] = {
     "Llama-3.2-1B": LLAMA_3_2_1B,
     "Llama-3.1-8B": LLAMA_3_1_8B,
@@ -363,8 +423,12 @@ PRESETS: dict[str, dict] = {
     "granite-3.1-3b-a800m-instruct": GRANITE_3_1_3B_A800M,
     "Phi-3.5-MoE-instruct": PHI_3_5_MOE,
     "ERNIE-4.5-21B-A3B-PT": ERNIE_4_5_21B_A3B,
+    "Hunyuan-A13B-Instruct": HUNYUAN_A13B_INSTRUCT,
     "GLM-4.5-Air": GLM_4_5_AIR,
+    "dots.llm1.inst": DOTS_LLM1_INST,
     "LFM2-1.2B": LFM2_1_2B,
+    "Qwen3.5-2B": QWEN3_5_2B,
+    "LFM2-8B-A1B": LFM2_8B_A1B,
 }
 
 
@@ -608,6 +672,22 @@ def hunyuan_dense_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
             yield name.replace("o_proj", "key_layernorm"), (D,)
 
 
+def hunyuan_moe_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """HunYuan MoE: HunYuan dense's names with the MLP a router mlp.gate.wg, experts
+    mlp.experts.{e}.*_proj and mlp.shared_mlp, all intermediate_size wide."""
+    H, I, E = c["hidden_size"], c["intermediate_size"], c["num_experts"]
+    mlp = (("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I)))
+    for name, shape in hunyuan_dense_tensors(c):
+        if ".mlp." not in name:
+            yield name, shape
+        elif name.endswith("mlp.gate_proj.weight"):
+            p = name.removesuffix("gate_proj.weight")
+            yield p + "gate.wg.weight", (E, H)
+            for e in range(E):
+                yield from ((p + f"experts.{e}.{proj}.weight", s) for proj, s in mlp)
+            yield from ((p + f"shared_mlp.{proj}.weight", s) for proj, s in mlp)
+
+
 def apertus_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     """Apertus: Qwen3's attention names (per-head q/k norms), attention_layernorm and
     feedforward_layernorm, an up/down MLP without gate, and xIELU's stored parameters per layer
@@ -768,6 +848,15 @@ def glm4_moe_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
         yield "lm_head.weight", (V, H)
 
 
+def dots1_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """dots.llm1: GLM-4.5's layout with per-head q/k norms always, o_proj biased with q/k/v (by
+    attention_bias), and no multi-token-prediction layers."""
+    for name, shape in glm4_moe_tensors({**c, "use_qk_norm": True, "num_nextn_predict_layers": 0}):
+        yield name, shape
+        if c.get("attention_bias") and name.endswith("self_attn.o_proj.weight"):
+            yield name.removesuffix("weight") + "bias", (c["hidden_size"],)
+
+
 def lfm2_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     """LFM2: per layer operator_norm and ffn_norm, then self_attn (q/k/v, out_proj, q/k_layernorm) or
     conv (in_proj to 3 × hidden, a depthwise conv.weight of conv_L_cache taps, out_proj), and the
@@ -797,6 +886,57 @@ def lfm2_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     yield "model.embedding_norm.weight", (H,)
 
 
+def lfm2_moe_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """LFM2-MoE: LFM2's tensors, each layer's feed_forward replaced: w1/w3/w2 at intermediate_size in
+    the first num_dense_layers layers, then the router feed_forward.gate, expert_bias and
+    experts.{e}.w1/w3/w2 as the hub saves them."""
+    H, E, I, dense = c["hidden_size"], c["num_experts"], c["moe_intermediate_size"], c["num_dense_layers"]
+    for name, shape in lfm2_tensors({"block_multiple_of": 256, **c}):  # its MLP width is dropped below
+        if ".feed_forward." not in name:
+            yield name, shape
+        elif name.endswith("feed_forward.w1.weight"):  # the layer's feed-forward, in LFM2's place
+            p = name.removesuffix("w1.weight")
+            if int(name.split(".")[2]) < dense:
+                D = c["intermediate_size"]
+                yield from ((p + f"{w}.weight", s) for w, s in (("w1", (D, H)), ("w3", (D, H)), ("w2", (H, D))))
+                continue
+            yield p + "gate.weight", (E, H)
+            yield p + "expert_bias", (E,)
+            for e in range(E):
+                yield from ((p + f"experts.{e}.{w}.weight", s) for w, s in (("w1", (I, H)), ("w3", (I, H)),
+                                                                             ("w2", (H, I))))
+
+
+def qwen3_5_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Qwen3.5's text decoder: per layer input/post_attention_layernorm and the SwiGLU mlp, then
+    linear_attn (in_proj_qkv/z/b/a, conv1d.weight, A_log, dt_bias, the gated norm, out_proj) or
+    self_attn (q_proj twice the query width: query and gate, k/v/o_proj, q/k_norm)."""
+    H, V, n, I = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"], c["intermediate_size"]
+    D, q, kv = c["head_dim"], c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    Hv = c["linear_num_value_heads"]
+    keys, values = c["linear_num_key_heads"] * c["linear_key_head_dim"], Hv * c["linear_value_head_dim"]
+    yield "model.embed_tokens.weight", (V, H)
+    for i in range(n):
+        p = f"model.layers.{i}."
+        yield p + "input_layernorm.weight", (H,)
+        yield p + "post_attention_layernorm.weight", (H,)
+        if c["layer_types"][i] == "linear_attention":
+            a = p + "linear_attn."
+            yield from ((a + name, shape) for name, shape in (
+                ("in_proj_qkv.weight", (2 * keys + values, H)), ("in_proj_z.weight", (values, H)),
+                ("in_proj_b.weight", (Hv, H)), ("in_proj_a.weight", (Hv, H)),
+                ("conv1d.weight", (2 * keys + values, 1, c["linear_conv_kernel_dim"])), ("A_log", (Hv,)),
+                ("dt_bias", (Hv,)), ("norm.weight", (c["linear_value_head_dim"],)), ("out_proj.weight", (H, values))))
+        else:
+            a = p + "self_attn."
+            yield from ((a + name, shape) for name, shape in (
+                ("q_proj.weight", (2 * q, H)), ("k_proj.weight", (kv, H)), ("v_proj.weight", (kv, H)),
+                ("o_proj.weight", (H, q)), ("q_norm.weight", (D,)), ("k_norm.weight", (D,))))
+        yield from ((p + f"mlp.{w}.weight", shape) for w, shape in
+                    (("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I))))
+    yield "model.norm.weight", (H,)
+
+
 TENSORS = {
     "llama": llama_tensors, "mistral": llama_tensors, "qwen2": llama_tensors, "qwen3": llama_tensors,
     "granite": llama_tensors, "smollm3": llama_tensors, "seed_oss": llama_tensors, "ernie4_5": llama_tensors,
@@ -805,10 +945,12 @@ TENSORS = {
     "cohere": cohere_tensors, "cohere2": cohere_tensors, "glm": glm_tensors, "glm4": glm_tensors,
     "phi": gptstyle_tensors, "stablelm": gptstyle_tensors, "starcoder2": gptstyle_tensors, "nemotron": gptstyle_tensors,
     "olmo": olmo_tensors, "olmo2": olmo_tensors, "olmo3": olmo_tensors, "exaone4": olmo_tensors,
-    "hunyuan_v1_dense": hunyuan_dense_tensors, "gpt_oss": gpt_oss_tensors,
+    "hunyuan_v1_dense": hunyuan_dense_tensors, "hunyuan_v1_moe": hunyuan_moe_tensors, "gpt_oss": gpt_oss_tensors,
     "olmoe": moe_tensors, "qwen3_moe": moe_tensors, "granitemoe": granitemoe_tensors,
     "phimoe": phimoe_tensors, "ernie4_5_moe": ernie4_5_moe_tensors, "glm4_moe": glm4_moe_tensors,
-    "apertus": apertus_tensors, "lfm2": lfm2_tensors,
+    "dots1": dots1_tensors,
+    "apertus": apertus_tensors, "lfm2": lfm2_tensors, "lfm2_moe": lfm2_moe_tensors,
+    "qwen3_5_text": qwen3_5_tensors,
 }
 
 
@@ -889,6 +1031,9 @@ def shrunk(config: dict) -> dict:
     for key in ("no_rope_layers", "layer_types"):  # per-layer lists follow the layer count
         if isinstance(text.get(key), list):
             text[key] = text[key][: text["num_hidden_layers"]]
+    if text.get("model_type") == "hunyuan_v1_moe":  # the original code's per-layer lists, at the shrunk sizes
+        n = text["num_hidden_layers"]
+        text.update(moe_topk=[2] * n, moe_intermediate_size=[text["intermediate_size"]] * n, num_shared_expert=[1] * n)
     rope = text.get("rope_scaling") or {}
     if "short_factor" in rope:  # one factor per rotated pair of the 64-wide head
         pairs = int(64 * text.get("partial_rotary_factor", 1.0)) // 2

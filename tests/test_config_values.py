@@ -229,6 +229,11 @@ def test_transformers_default_configs_still_parse():
     # Glm4MoeConfig's defaults (hidden 4096, 96 heads) give no head_dim: heads of 42.67, refused
     # (every GLM-4.5 config.json says head_dim 128).
     skipped.add("Glm4MoeForCausalLM")
+    # Dots1Config has no default expert counts (None), so its default config cannot build experts:
+    # refused, as transformers' own model fails to build from it.
+    skipped.add("Dots1ForCausalLM")
+    # Lfm2MoeConfig's default has no layer_types, without which transformers' model cannot be built.
+    skipped.add("Lfm2MoeForCausalLM")
     for arch in sorted(set(architectures.ARCHITECTURES) - skipped):
         cls = getattr(transformers, arch.replace("ForCausalLM", "Config").replace("ForConditionalGeneration", "Config"))
         raw = {**json.loads(cls().to_json_string(use_diff=False)), "architectures": [arch]}

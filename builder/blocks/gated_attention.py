@@ -1,0 +1,47 @@
+"""Attention with an output gate (Qwen3.5's and Qwen3-Next's full-attention layers): the usual
+GroupQueryAttention over normed, rotated q and k, its output multiplied by sigmoid(x · W_gateᵀ)
+before o_proj. The query projection stores each head's query rows then its gate rows
+(head_dim each); `split_query_gate` takes them apart."""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+
+from builder.blocks.attention import (
+    AttentionSpec,
+    AttentionWeights,
+    SequenceLengths,
+    _group_query_attention,
+    _qkv_projection,
+    _queries_keys_values,
+)
+from builder.blocks.linear import linear
+from builder.graph import Graph
+from builder.lazy import Weight
+from builder.target import Target
+
+
+def split_query_gate(q_proj: Weight, heads: int, head_dim: int) -> tuple[Weight, Weight]:
+    """(query rows, gate rows) of a q_proj whose output per head is [query (head_dim), gate (head_dim)]."""
+    rows = [q_proj.slice(0, 2 * head_dim * h + part * head_dim, 2 * head_dim * h + (part + 1) * head_dim)
+            for part in (0, 1) for h in range(heads)]
+    return Weight.concat(rows[:heads], axis=0), Weight.concat(rows[heads:], axis=0)
+
+
+def gated_self_attention(
+    g: Graph, x: ir.Value, past: tuple[ir.Value, ir.Value], lengths: SequenceLengths,
+    rotary: tuple[ir.Value, ir.Value], w: AttentionWeights, gate: Weight, spec: AttentionSpec, target: Target,
+) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """Returns (the gated attention output after o_proj, present key, present value); q and k are
+    normed per head (w.q_norm, w.k_norm) and rotated by GroupQueryAttention (`rotary`: cos, sin)."""
+    qkv = _qkv_projection(g, x, w, spec, target)
+    q, k, v = _queries_keys_values(g, qkv, None, lengths, w, spec, target, None)
+    out, present_k, present_v = _group_query_attention(g, (q, k, v), past, lengths, rotary, w.sinks, spec, target)
+    with g.scope("gate"):
+        out = g.op.Mul(out, g.op.Sigmoid(linear(g, x, gate, target)))
+    with g.scope("o_proj"):
+        out = linear(g, out, w.o, target, w.o_bias)
+    return out, present_k, present_v
+
+
+__all__ = ["gated_self_attention", "split_query_gate"]
