@@ -22,7 +22,12 @@ from builder.blocks import AttentionSpec
 from builder.decoder_config import DecoderConfig
 from builder.family import Decoder, Family, register
 
-VARIANTS: dict[str, dict[str, Any]] = {"Dots1ForCausalLM": {}}
+VARIANTS: dict[str, dict[str, Any]] = {
+    "Dots1ForCausalLM": dict(model_type="dots1", vocab_size=152064, hidden_size=4608, intermediate_size=10944,
+                             num_hidden_layers=62, num_attention_heads=32, num_key_value_heads=32,
+                             max_position_embeddings=2048, rms_norm_eps=1e-6, sliding_window=4096,
+                             bos_token_id=None, eos_token_id=None),
+}
 
 # onnxruntime-genai 0.18 knows no dots1; its attention is Qwen3's, so genai runs it as "qwen3"
 # (Llama's decoder contract: the same inputs, outputs and KV cache). Dots1Attention always has its
@@ -36,23 +41,14 @@ EXPERT_KEYS = ("n_routed_experts", "num_experts_per_tok", "n_shared_experts")
 
 @dataclass(frozen=True)
 class Dots1Config(Glm4MoeConfig):
-    """config.json of Dots1ForCausalLM: GLM-4.5's keys with Dots1Config's defaults, and its window."""
+    """config.json of Dots1ForCausalLM: GLM-4.5's keys with Dots1Config's defaults (the shared keys' in
+    VARIANTS), and its window."""
 
-    model_type: str = "dots1"
-    vocab_size: int = 152064
-    hidden_size: int = 4608
-    intermediate_size: int = 10944
-    num_hidden_layers: int = 62
-    num_attention_heads: int = 32
-    num_key_value_heads: int | None = 32
-    max_position_embeddings: int = 2048
-    rms_norm_eps: float = 1e-6
     n_shared_experts: int | None = None  # these three have no default in Dots1Config
     n_routed_experts: int | None = None
     num_experts_per_tok: int | None = None
     first_k_dense_replace: int = 0
     norm_topk_prob: bool = False
-    sliding_window: int | None = 4096
     max_window_layers: int | None = 62
 
     def __post_init__(self) -> None:

@@ -26,7 +26,12 @@ from builder.blocks.moe import routed_experts
 from builder.decoder_config import DecoderConfig
 from builder.family import Decoder, Family, register
 
-VARIANTS: dict[str, dict[str, Any]] = {"Ernie4_5_MoeForCausalLM": dict(default_theta=500_000.0)}
+VARIANTS: dict[str, dict[str, Any]] = {
+    "Ernie4_5_MoeForCausalLM": dict(model_type="ernie4_5_moe", vocab_size=103424, hidden_size=2560,
+                                    intermediate_size=12288, num_hidden_layers=28, num_attention_heads=20,
+                                    num_key_value_heads=4, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                                    tie_word_embeddings=True, pad_token_id=0, default_theta=500_000.0),
+}
 
 # onnxruntime-genai 0.18 knows "ernie4_5" (a plain decoder), not "ernie4_5_moe": the same contract.
 STRUCTURE: dict[str, dict[str, Any]] = {"Ernie4_5_MoeForCausalLM": dict(model_type="ernie4_5", sliding_window=None)}
@@ -36,17 +41,6 @@ STRUCTURE: dict[str, dict[str, Any]] = {"Ernie4_5_MoeForCausalLM": dict(model_ty
 class Ernie4_5_MoeConfig(DecoderConfig):
     """config.json of Ernie4_5_MoeForCausalLM: the shared decoder keys and the experts'."""
 
-    model_type: str = "ernie4_5_moe"
-    vocab_size: int = 103424
-    hidden_size: int = 2560
-    intermediate_size: int = 12288
-    num_hidden_layers: int = 28
-    num_attention_heads: int = 20
-    num_key_value_heads: int | None = 4
-    max_position_embeddings: int = 131072
-    rms_norm_eps: float = 1e-5
-    tie_word_embeddings: bool = True
-    pad_token_id: int | None = 0
     use_bias: bool = False
     moe_intermediate_size: int = 1536
     moe_k: int = 6

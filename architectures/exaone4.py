@@ -20,7 +20,10 @@ from builder.family import Decoder, Family, register
 
 # onnxruntime-genai 0.18 does not know "exaone4"; "decoder" is its plain decoder-only model type,
 # whose contract (input_ids, attention_mask, past/present KV, logits) this graph has.
-VARIANTS: dict[str, dict[str, Any]] = {"Exaone4ForCausalLM": {}}
+VARIANTS: dict[str, dict[str, Any]] = {
+    "Exaone4ForCausalLM": dict(model_type="exaone4", vocab_size=102400, intermediate_size=16384, rms_norm_eps=1e-5,
+                               sliding_window=4096, bos_token_id=0),
+}
 STRUCTURE: dict[str, dict[str, Any]] = {"Exaone4ForCausalLM": dict(model_type="decoder")}
 
 
@@ -28,14 +31,9 @@ STRUCTURE: dict[str, dict[str, Any]] = {"Exaone4ForCausalLM": dict(model_type="d
 class Exaone4Config(DecoderConfig):
     """config.json of Exaone4ForCausalLM: the shared decoder keys and EXAONE 4's own."""
 
-    model_type: str = "exaone4"
-    vocab_size: int = 102400
-    intermediate_size: int = 16384
+    # Narrowed as well as defaulted: Exaone4Config derives no KV heads, so config.json's null is refused.
     num_key_value_heads: int = 32
-    rms_norm_eps: float = 1e-5
-    sliding_window: int | None = 4096
     sliding_window_pattern: int | str | None = 4
-    bos_token_id: int | None = 0
 
     def default_layer_types(self) -> list[str]:
         """Exaone4Config derives them from an integer pattern only: a string one ("LLLG") or none

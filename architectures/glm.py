@@ -19,9 +19,14 @@ from builder.blocks import AttentionSpec, gated_mlp, self_attention
 from builder.decoder_config import DecoderConfig
 from builder.family import Decoder, Family, parse, register
 
+# GlmConfig's and Glm4Config's defaults (the same) where they differ from the shared ones.
+GLM_DEFAULTS: dict[str, Any] = dict(vocab_size=151552, intermediate_size=13696, num_hidden_layers=40,
+                                    num_key_value_heads=2, head_dim=128, max_position_embeddings=131072,
+                                    rms_norm_eps=0.00000015625, pad_token_id=151329, eos_token_id=None,
+                                    bos_token_id=None, attention_bias=True)
 VARIANTS: dict[str, dict[str, Any]] = {
-    "GlmForCausalLM": dict(model_type="glm"),
-    "Glm4ForCausalLM": dict(model_type="glm4"),
+    "GlmForCausalLM": dict(GLM_DEFAULTS, model_type="glm"),
+    "Glm4ForCausalLM": dict(GLM_DEFAULTS, model_type="glm4"),
 }
 
 # What each modeling file fixes: no sliding window; Glm4's sandwich norms. onnxruntime-genai names
@@ -37,18 +42,6 @@ STRUCTURE: dict[str, dict[str, Any]] = {
 class GlmConfig(DecoderConfig):
     """config.json of Glm and Glm4 (the same keys and defaults): the shared decoder keys."""
 
-    model_type: str = "glm"
-    vocab_size: int = 151552
-    intermediate_size: int = 13696
-    num_hidden_layers: int = 40
-    num_key_value_heads: int | None = 2
-    head_dim: int | None = 128
-    max_position_embeddings: int = 131072
-    rms_norm_eps: float = 0.00000015625
-    pad_token_id: int | None = 151329
-    eos_token_id: int | list[int] | None = None
-    bos_token_id: int | None = None
-    attention_bias: bool = True
     # Structure the modeling files fix per architecture (not a config.json key).
     sandwich_norms: bool = False
 

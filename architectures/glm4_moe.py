@@ -26,7 +26,12 @@ from builder.blocks.moe import grouped_sigmoid_router, routed_experts
 from builder.decoder_config import DecoderConfig
 from builder.family import Decoder, Family, register
 
-VARIANTS: dict[str, dict[str, Any]] = {"Glm4MoeForCausalLM": dict(partial_rotary_factor=0.5)}
+VARIANTS: dict[str, dict[str, Any]] = {
+    "Glm4MoeForCausalLM": dict(model_type="glm4_moe", vocab_size=151552, intermediate_size=10944,
+                               num_hidden_layers=46, num_attention_heads=96, num_key_value_heads=8,
+                               max_position_embeddings=131072, rms_norm_eps=1e-5, bos_token_id=None,
+                               eos_token_id=None, partial_rotary_factor=0.5),
+}
 
 # onnxruntime-genai 0.18 knows no glm4_moe; "chatglm" is the GLM family's type there, whose decoder
 # contract is Llama's (same inputs, outputs and KV cache layout). No sliding window in the modeling file.
@@ -39,16 +44,6 @@ STRUCTURE: dict[str, dict[str, Any]] = {
 class Glm4MoeConfig(DecoderConfig):
     """config.json of Glm4MoeForCausalLM: the shared decoder keys, the experts' and the router's."""
 
-    model_type: str = "glm4_moe"
-    vocab_size: int = 151552
-    intermediate_size: int = 10944
-    num_hidden_layers: int = 46
-    num_attention_heads: int = 96
-    num_key_value_heads: int | None = 8
-    max_position_embeddings: int = 131072
-    rms_norm_eps: float = 1e-5
-    bos_token_id: int | None = None
-    eos_token_id: int | list[int] | None = None
     use_qk_norm: bool = False
     moe_intermediate_size: int = 1408
     num_experts_per_tok: int = 8

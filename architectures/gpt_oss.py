@@ -27,7 +27,12 @@ from builder.family import Decoder, Family, parse, register
 
 log = logging.getLogger("builder")
 
-VARIANTS: dict[str, dict[str, Any]] = {"GptOssForCausalLM": dict(default_theta=150000.0)}
+VARIANTS: dict[str, dict[str, Any]] = {
+    "GptOssForCausalLM": dict(model_type="gpt_oss", vocab_size=201088, hidden_size=2880, intermediate_size=2880,
+                              num_hidden_layers=36, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+                              sliding_window=128, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                              attention_bias=True, bos_token_id=None, eos_token_id=None, default_theta=150000.0),
+}
 
 # What the modeling file fixes: onnxruntime-genai 0.18 calls this model type "gptoss".
 STRUCTURE: dict[str, dict[str, Any]] = {"GptOssForCausalLM": dict(model_type="gptoss")}
@@ -41,24 +46,10 @@ DEFAULT_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_sl
 class GptOssConfig(DecoderConfig):
     """config.json of GptOssForCausalLM: the shared decoder keys and the experts'."""
 
-    model_type: str = "gpt_oss"
-    vocab_size: int = 201088
-    hidden_size: int = 2880
-    intermediate_size: int = 2880
-    num_hidden_layers: int = 36
-    num_attention_heads: int = 64
-    num_key_value_heads: int | None = 8
-    head_dim: int | None = 64
     num_local_experts: int = 128
     num_experts_per_tok: int = 4
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
-    sliding_window: int | None = 128
-    max_position_embeddings: int = 131072
-    rms_norm_eps: float = 1e-5
-    attention_bias: bool = True
-    bos_token_id: int | None = None
-    eos_token_id: int | list[int] | None = None
 
     def default_layer_types(self) -> list[str]:
         """Even layers slide, odd ones are global."""

@@ -21,7 +21,10 @@ from builder.family import Decoder, Family, register, rotary
 # The row's max_position_embeddings is also what the rotary settings are resolved against when
 # config.json leaves it out; default_theta is SmolLM3Config's.
 VARIANTS: dict[str, dict[str, Any]] = {
-    "SmolLM3ForCausalLM": dict(max_position_embeddings=32768, default_theta=2_000_000.0),
+    "SmolLM3ForCausalLM": dict(model_type="smollm3", vocab_size=128256, hidden_size=2048, num_hidden_layers=36,
+                               num_attention_heads=16, num_key_value_heads=4, max_position_embeddings=32768,
+                               tie_word_embeddings=True, bos_token_id=128000, eos_token_id=128001,
+                               pad_token_id=128004, default_theta=2_000_000.0),
 }
 
 
@@ -29,21 +32,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
 class SmolLM3Config(DecoderConfig):
     """config.json of SmolLM3ForCausalLM: the shared decoder keys and SmolLM3's own."""
 
-    model_type: str = "smollm3"
-    vocab_size: int = 128256
-    hidden_size: int = 2048
-    num_hidden_layers: int = 36
-    num_attention_heads: int = 16
-    num_key_value_heads: int | None = 4
-    max_position_embeddings: int = 32768
-    tie_word_embeddings: bool = True
     use_sliding_window: bool = False
     no_rope_layers: list[int] | None = None
     no_rope_layer_interval: int = 4
     mlp_bias: bool = False
-    bos_token_id: int | None = 128000
-    eos_token_id: int | list[int] | None = 128001
-    pad_token_id: int | None = 128004
     # What llama.decoder_layer reads besides: attention_bias covers q, k, v and o; no q/k norm,
     # rotary pairs split in halves.
     qkv_bias = attention_out_bias = property(lambda self: self.attention_bias)

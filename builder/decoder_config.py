@@ -1,13 +1,15 @@
 """The config.json fields every decoder family shares, parsed once; a family's config adds its own.
 
 A family's config is a frozen dataclass that extends `DecoderConfig` (field names are config.json's
-keys, defaults transformers' own), redeclaring a field only where its transformers default
-differs, and adding the keys that are the family's own:
+keys, defaults transformers' own), adding the keys that are the family's own. Where transformers'
+default of a shared key differs, the family's VARIANTS row says it (`builder.family.parse` applies
+the row before config.json); the class redeclares a shared field only to narrow its type:
+
+    VARIANTS = {"PhiForCausalLM": dict(vocab_size=51200, hidden_act="gelu_new", ...)}
 
     @dataclass(frozen=True)
-    class GemmaConfig(DecoderConfig):
-        vocab_size: int = 256000
-        query_pre_attn_scalar: float | None = 256
+    class PhiConfig(DecoderConfig):
+        layer_norm_eps: float = 1e-5
 
 `builder.hf_config.from_dict` checks every value against these annotations before
 `__post_init__` runs, so derivations here may divide by the counts they read.
