@@ -10,7 +10,6 @@ rotary); rotary scaling is llama3 by default.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,7 +30,9 @@ from builder.target import Target
 LLAMA3 = dict(rope_type="llama3", rope_theta=12_000_000.0, factor=8.0, original_max_position_embeddings=8192,
               low_freq_factor=1.0, high_freq_factor=4.0)
 VARIANTS: dict[str, dict[str, Any]] = {
-    "ApertusForCausalLM": dict(model_type="apertus", rope_parameters=LLAMA3, default_theta=12_000_000.0),
+    "ApertusForCausalLM": dict(model_type="apertus", rope_parameters=LLAMA3, default_theta=12_000_000.0,
+                               vocab_size=131072, intermediate_size=14336, hidden_act="xielu",
+                               max_position_embeddings=65536, rms_norm_eps=1e-5, pad_token_id=3),
 }
 # onnxruntime-genai 0.18 knows no "apertus": Llama's contract (a plain decoder), which it is. The
 # modeling file always has the q/k norms and never an MLP bias.
@@ -39,18 +40,6 @@ STRUCTURE: dict[str, dict[str, Any]] = {
     "ApertusForCausalLM": dict(model_type="llama", qk_norm=True, mlp_bias=False),
 }
 NORMS = ("attention_layernorm", "feedforward_layernorm")
-
-
-@dataclass(frozen=True)
-class ApertusConfig(llama.LlamaConfig):
-    """ApertusConfig's defaults where they differ from Llama's."""
-
-    vocab_size: int = 131072
-    intermediate_size: int = 14336
-    hidden_act: str = "xielu"
-    max_position_embeddings: int = 65536
-    rms_norm_eps: float = 1e-5
-    pad_token_id: int | None = 3
 
 
 def softplus(x: np.ndarray) -> np.ndarray:
@@ -111,7 +100,7 @@ def decoder_layer(d: Decoder, w: Weights, i: int):
     return llama.decoder_layer(d, w, i, mlp=mlp, norms=NORMS)
 
 
-FAMILY = register(llama.FAMILY.with_(name="apertus", config=ApertusConfig, layer=decoder_layer, variants=VARIANTS,
+FAMILY = register(llama.FAMILY.with_(name="apertus", layer=decoder_layer, variants=VARIANTS,
                                      structure=STRUCTURE))
 
-__all__ = ["FAMILY", "VARIANTS", "ApertusConfig", "decoder_layer", "mlp", "xielu"]
+__all__ = ["FAMILY", "VARIANTS", "decoder_layer", "mlp", "xielu"]

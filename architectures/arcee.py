@@ -7,7 +7,6 @@ checkpoints) comes through rope_parameters as for Llama.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from architectures import llama
@@ -15,25 +14,14 @@ from builder.architecture import Weights
 from builder.blocks import plain_mlp
 from builder.family import Decoder, register
 
+# ArceeConfig's defaults where they differ from Llama's: the whole config is Llama's otherwise.
 VARIANTS: dict[str, dict[str, Any]] = {
-    "ArceeForCausalLM": dict(model_type="arcee"),
+    "ArceeForCausalLM": dict(model_type="arcee", vocab_size=32000, hidden_size=2560, intermediate_size=18432,
+                             hidden_act="relu2", max_position_embeddings=4096, rms_norm_eps=1e-5,
+                             bos_token_id=128000, eos_token_id=128001),
 }
 # onnxruntime-genai 0.18 knows no "arcee": Llama's contract (a plain decoder), which it is.
 STRUCTURE: dict[str, dict[str, Any]] = {"ArceeForCausalLM": dict(model_type="llama")}
-
-
-@dataclass(frozen=True)
-class ArceeConfig(llama.LlamaConfig):
-    """ArceeConfig's defaults where they differ from Llama's."""
-
-    vocab_size: int = 32000
-    hidden_size: int = 2560
-    intermediate_size: int = 18432
-    hidden_act: str = "relu2"
-    max_position_embeddings: int = 4096
-    rms_norm_eps: float = 1e-5
-    bos_token_id: int | None = 128000
-    eos_token_id: int | list[int] | None = 128001
 
 
 def mlp(d: Decoder, m: Weights, h):
@@ -48,7 +36,7 @@ def decoder_layer(d: Decoder, w: Weights, i: int):
     return llama.decoder_layer(d, w, i, mlp=mlp)
 
 
-FAMILY = register(llama.FAMILY.with_(name="arcee", config=ArceeConfig, layer=decoder_layer, variants=VARIANTS,
+FAMILY = register(llama.FAMILY.with_(name="arcee", layer=decoder_layer, variants=VARIANTS,
                                      structure=STRUCTURE))
 
-__all__ = ["FAMILY", "VARIANTS", "ArceeConfig", "decoder_layer", "mlp"]
+__all__ = ["FAMILY", "VARIANTS", "decoder_layer", "mlp"]
