@@ -12,11 +12,12 @@ import importlib.util
 import json
 import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+from builder.blocks.moe import expert_block_size
 from builder.errors import BuildError
 from builder.options import BuildOptions
 from builder.quantize import dequantize, quantize
@@ -50,6 +51,13 @@ TOLERANCE = {"fp32": (0.99999, 1.0), "fp16": (0.999, 0.9), "int8": (0.998, 0.9),
 
 # Modules of an image-and-text checkpoint that its package keeps in float (the vision model).
 FLOAT_TOWERS = ("vision_tower", "multi_modal_projector")
+
+# The Linear modules of transformers' mixtures of experts that the build keeps in float, as every
+# router (HunYuan's gate.wg, PhiMoE's router, Qwen2-MoE's shared-expert gate): not rounded here.
+FLOAT_ROUTERS = (".mlp.gate", ".mlp.gate.wg", ".mlp.router", ".mlp.shared_expert_gate",
+                 # a gated DeltaNet's per-head gate projections (Qwen3.5, Qwen3-Next): float in every
+                 # build, as architectures/qwen3_5.py writes them (quantizing them moves the logits)
+                 ".linear_attn.in_proj_a", ".linear_attn.in_proj_b", ".linear_attn.in_proj_ba")
 
 # What --verify imports; checked before building (find_spec imports nothing).
 REQUIREMENTS = ("torch", "transformers", "onnxruntime")
@@ -91,7 +99,7 @@ def _graph_linears(name: str, rows: int) -> list[tuple[str, tuple[str, ...], sli
     """The graph's linear layers a transformers Linear feeds: (module path, the checkpoint modules it
     is made of, its rows). q/k/v become one qkv_proj; Phi-3's gate_up_proj becomes gate_proj and
     up_proj; Phi's self_attn.dense is the graph's o_proj; a multimodal prefix is dropped."""
-    module = name.replace("language_model.model.", "model.").replace("model.language_model.", "model.")
+    module = _graph_path(name)
     module = re.sub(r"\.self_attn\.dense$", ".self_attn.o_proj", module)  # Phi's attention output
     fused = re.match(r"(.*)\.(q|k|v)_proj$", name)
     if fused:
@@ -102,6 +110,11 @@ def _graph_linears(name: str, rows: int) -> list[tuple[str, tuple[str, ...], sli
         return [(module[: -len("gate_up_proj")] + "gate_proj", (name,), slice(0, half)),
                 (module[: -len("gate_up_proj")] + "up_proj", (name,), slice(half, rows))]
     return [(module, (name,), slice(None))]
+
+
+def _graph_path(name: str) -> str:
+    """A transformers module's path in the graph: a multimodal checkpoint's text prefix dropped."""
+    return name.replace("language_model.model.", "model.").replace("model.language_model.", "model.")
 
 
 def _reference_model(folder: Path, options: BuildOptions, quiet: bool = False):
@@ -130,7 +143,8 @@ def _reference_model(folder: Path, options: BuildOptions, quiet: bool = False):
     if q is not None:
         with torch.no_grad():
             for name, module in model.named_modules():
-                if not isinstance(module, torch.nn.Linear) or any(part in name for part in FLOAT_TOWERS):
+                if (not isinstance(module, torch.nn.Linear) or any(part in name for part in FLOAT_TOWERS)
+                        or name.endswith(FLOAT_ROUTERS)):
                     continue
                 w = module.weight.numpy()  # shares memory with the parameter: edited in place
                 for graph_module, sources, rows in _graph_linears(name, w.shape[0]):
@@ -138,7 +152,42 @@ def _reference_model(folder: Path, options: BuildOptions, quiet: bool = False):
                         bits = q.bits_for(graph_module, sources)
                         m = quantize(w[rows], bits, q.block_size, q.symmetric, np.float32, q.method)
                         w[rows] = dequantize(m, w.shape[1], bits)
+            for name, module in model.named_modules():
+                _round_stacked_experts(name, module, target, model.config)
     return model
+
+
+def _round_stacked_experts(name: str, module, target, config) -> None:
+    """Rounds, in place, a transformers experts module's stacked gate_up_proj and down_proj as the
+    build's QMoE holds them (builder/blocks/moe.py, gpt_oss_experts.py): each expert's matrix alone,
+    [out, in] rows blocked along the input, at the block size expert_block_size picks for the
+    layer, with the precision's bits (no int8_layers: a QMoE node has one width), method and
+    symmetry (gpt-oss's experts: symmetric always). transformers 5 keeps these as 3-D parameters,
+    [E, 2I, H] and [E, H, I], or [E, H, 2I] and [E, I, H] where the module says `is_transposed`
+    (gpt-oss: x @ W). Row order within a matrix (gate/up concatenated or interleaved) does not
+    matter to a row-wise rounding."""
+    up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    if not (_is_3d(up) and _is_3d(down)) or any(part in name for part in FLOAT_TOWERS):
+        return
+    if not target.quantizes(_graph_path(name), (name,)):
+        return
+    transposed = bool(getattr(module, "is_transposed", False))
+    h, i = (down.shape[2], down.shape[1]) if transposed else (down.shape[1], down.shape[2])
+    q = target.quantization
+    if config.model_type == "gpt_oss":  # builder/blocks/gpt_oss_experts.py: no zero points
+        q = replace(q, symmetric=True)
+    q = replace(q, block_size=expert_block_size(h, i, q))
+    for stacked in (up, down):
+        for expert in stacked.data.numpy():  # views of the parameter: edited in place
+            rows = expert.T if transposed else expert  # [out, in]
+            m = quantize(np.ascontiguousarray(rows), q.bits, q.block_size, q.symmetric, np.float32, q.method)
+            rows[...] = dequantize(m, rows.shape[1], q.bits)
+
+
+def _is_3d(parameter) -> bool:
+    import torch
+
+    return isinstance(parameter, torch.Tensor) and parameter.dim() == 3
 
 
 def _from_pretrained(auto, folder: Path, dtype, config: dict):

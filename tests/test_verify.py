@@ -47,3 +47,57 @@ def test_verify_passes_mixed_builds_of_families_with_other_names(tmp_path, capsy
     line = next(l for l in err.splitlines() if l.startswith("verify:"))
     # At accuracy level 0 only float summation order is left (Phi with dense at 4 bits: 0.9974).
     assert line.endswith("PASS") and float(line.split("cosine ")[1].split(",")[0]) > 0.99999, line
+
+
+EXPERT_SCALE = 3.0
+
+
+def test_verify_rounds_stacked_experts_as_the_build(tmp_path, capsys):
+    # transformers 5 keeps a mixture of experts' weights as 3-D parameters, no Linear: the int4
+    # reference once left them in float, and a model with decisive routing failed (cosine 0.99x).
+    # Expert intermediate 48: the QMoE block is 16 (expert_block_size), not the dense layers' 32.
+    from safetensors.numpy import load_file, save_file
+
+    source = make_checkpoint(tmp_path / "src", "Qwen3MoeConfig", **{**TINY, "eos_token_id": 255}, num_experts=8,
+                             moe_intermediate_size=48, head_dim=32, num_experts_per_tok=2, norm_topk_prob=False)
+    tensors = load_file(source / "model.safetensors")
+    for key in [k for k in tensors if k.endswith("mlp.gate.weight")]:
+        tensors[key] = tensors[key] * 30.0  # random routers are near-uniform; scaled, their choices are decisive
+    for key in [k for k in tensors if ".mlp.experts." in k]:
+        tensors[key] = tensors[key] * EXPERT_SCALE
+    save_file(tensors, source / "model.safetensors", metadata={"format": "pt"})
+    rc = main(["-m", str(source), "-o", str(tmp_path / "out"), "-p", "int4", "--accuracy-level", "0", "--verify"])
+    err = capsys.readouterr().err
+    line = next(l for l in err.splitlines() if l.startswith("verify:"))
+    assert rc == 0 and line.endswith("PASS"), line
+    # At accuracy level 0 only float summation order is left.
+    assert float(line.split("cosine ")[1].split(",")[0]) > 0.99999, line
+
+
+def test_verify_rounds_gpt_oss_experts_symmetric_and_transposed(tmp_path, capsys):
+    # gpt-oss keeps its experts as x @ W ([E, H, 2I], [E, I, H]) and the build quantizes them
+    # symmetric whatever was asked: an asymmetric (the int4 default) reference measured 0.994, a
+    # float one 0.993.
+    from test_family_gptoss import CONFIG
+
+    source = make_checkpoint(tmp_path / "src", "GptOssConfig", **CONFIG)
+    rc = main(["-m", str(source), "-o", str(tmp_path / "out"), "-p", "int4", "--accuracy-level", "0", "--verify"])
+    err = capsys.readouterr().err
+    line = next(l for l in err.splitlines() if l.startswith("verify:"))
+    assert rc == 0 and float(line.split("cosine ")[1].split(",")[0]) > 0.99999, line
+
+
+@pytest.mark.parametrize("family", ["hunyuan_moe", "qwen2_moe"])
+def test_verify_keeps_routers_that_are_linears_in_float(tmp_path, capsys, family):
+    # The build keeps every router in float; transformers has some as Linears (HunYuan's gate.wg,
+    # Qwen2-MoE's shared_expert_gate), which the reference once rounded: relative 0.015 and 2.7e-4.
+    import test_family_hunyuan_moe
+    import test_family_moe
+
+    source = (test_family_hunyuan_moe.make(tmp_path / "src") if family == "hunyuan_moe"
+              else test_family_moe.make(tmp_path / "src", family))
+    rc = main(["-m", str(source), "-o", str(tmp_path / "out"), "-p", "int4", "--accuracy-level", "0",
+               "--quant-method", "rtn", "--symmetric", "--verify"])
+    err = capsys.readouterr().err
+    line = next(l for l in err.splitlines() if l.startswith("verify:"))
+    assert rc == 0 and float(line.split("(relative ")[1].split(")")[0]) < 1e-5, line
