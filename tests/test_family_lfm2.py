@@ -81,6 +81,15 @@ def reference_steps(model, ids, steps):
     return results, fed
 
 
+def assert_steps_match(out, model, ids=PROMPT, tolerance=1e-4, min_cosine=None):
+    """Prefill of `ids` and STEPS decode steps (every state fed back) against `model`'s."""
+    want, fed = reference_steps(model, ids, STEPS)
+    for step, (g, w) in enumerate(zip(onnx_steps(out, ids, fed), want)):
+        assert relative_error(g, w) < tolerance, f"step {step}: relative error {relative_error(g, w):.2e}"
+        assert (g.argmax(-1) == w.argmax(-1)).all(), f"step {step}: argmax differs"
+        assert min_cosine is None or cosine(g, w) > min_cosine, f"step {step}: cosine {cosine(g, w)}"
+
+
 def load(source):
     return transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
 

@@ -13,10 +13,9 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from fake_quant import cosine
-from helpers import GENAI_PROMPT, PROMPT, build, make_checkpoint, relative_error
+from helpers import GENAI_PROMPT, PROMPT, build, make_checkpoint
 from safetensors.numpy import load_file, save_file
-from test_family_lfm2 import RAGGED, STEPS, onnx_steps, reference_steps
+from test_family_lfm2 import RAGGED, assert_steps_match
 from test_family_moe import fake_quantize_experts
 from test_genai import MAX_LENGTH, assert_same_greedy
 
@@ -63,15 +62,6 @@ def source(tmp_path_factory):
 
 def load(source):
     return transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
-
-
-def assert_steps_match(out, model, ids=PROMPT, tolerance=1e-4, min_cosine=None):
-    """Prefill of `ids` and STEPS decode steps (every state fed back) against `model`'s."""
-    want, fed = reference_steps(model, ids, STEPS)
-    for step, (g, w) in enumerate(zip(onnx_steps(out, ids, fed), want)):
-        assert relative_error(g, w) < tolerance, f"step {step}: relative error {relative_error(g, w):.2e}"
-        assert (g.argmax(-1) == w.argmax(-1)).all(), f"step {step}: argmax differs"
-        assert min_cosine is None or cosine(g, w) > min_cosine, f"step {step}: cosine {cosine(g, w)}"
 
 
 def test_routing_is_decisive_and_the_bias_changes_it(source):

@@ -12,7 +12,7 @@ import torch
 import transformers
 from fake_quant import cosine, fake_quantize_model
 from helpers import build, make_checkpoint, relative_error
-from test_family_lfm2 import onnx_steps, reference_steps
+from test_family_lfm2 import RAGGED, onnx_steps, reference_steps
 
 from builder.options import PRECISION_DEFAULTS
 
@@ -89,9 +89,6 @@ def test_genai_greedy_matches_transformers(source, tmp_path):
     from test_genai import assert_same_greedy
 
     assert_same_greedy(build(source, tmp_path / "out", "-p", "fp32"), source, GENAI_PROMPT)
-
-
-RAGGED = [[7, 3, 11, 19, 23, 29, 31, 37, 41, 43, 47], [5, 17, 33, 12, 99]]
 
 
 def test_genai_batch_of_different_lengths_matches_transformers(source, tmp_path):

@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from fake_quant import cosine
-from helpers import GENAI_PROMPT, build, make_checkpoint, relative_error
+from helpers import GENAI_PROMPT, build, make_checkpoint
 from safetensors.numpy import load_file, save_file
-from test_family_lfm2 import onnx_steps, reference_steps
+from test_family_lfm2 import assert_steps_match
 from test_family_moe import fake_quantize_experts
 
 import architectures
@@ -33,7 +32,6 @@ CONFIG = dict(
     initializer_range=0.1, eos_token_id=255, tie_word_embeddings=False,
 )
 PROMPT = [5, 17, 33, 12, 99, 100, 7, 8, 61, 42]  # longer than the kernel
-STEPS = 4
 ROUTER_SCALE = 10.0  # random routers are near-uniform; scaled up, their choices are decisive
 
 
@@ -57,15 +55,6 @@ def load(source):
     model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
     assert type(model).__name__ == "Qwen3_5MoeForCausalLM"
     return model
-
-
-def assert_steps_match(out, model, ids=PROMPT, tolerance=1e-4, min_cosine=None):
-    """Prefill of `ids` and STEPS decode steps (every state fed back) against `model`'s."""
-    want, fed = reference_steps(model, ids, STEPS)
-    for step, (g, w) in enumerate(zip(onnx_steps(out, ids, fed), want)):
-        assert relative_error(g, w) < tolerance, f"step {step}: relative error {relative_error(g, w):.2e}"
-        assert (g.argmax(-1) == w.argmax(-1)).all(), f"step {step}: argmax differs"
-        assert min_cosine is None or cosine(g, w) > min_cosine, f"step {step}: cosine {cosine(g, w)}"
 
 
 def test_routing_is_decisive(source):
