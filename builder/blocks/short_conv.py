@@ -43,14 +43,15 @@ def padding(g: Graph, input_ids_or_embeds: ir.Value, attention_mask: ir.Value, t
 
 def causal_conv(
     g: Graph, x: ir.Value, past: ir.Value, weight: Weight, bias: Weight | None, pad: Padding, target: Target,
+    scope: str = "conv",
 ) -> tuple[ir.Value, ir.Value]:
     """Depthwise causal conv of x (batch, sequence, channels) with per-channel kernels `weight`
     (channels, 1, kernel) and `bias` (channels); `past` (batch, channels, kernel−1) holds the inputs
     before x. Padding is zeroed before it enters; the present state is the kernel−1 inputs up to
     each row's last real token. Returns (the output, batch × sequence × channels; the present
-    state). The kernel and bias stay float in every precision."""
+    state). The kernel and bias stay float in every precision; `scope`: the conv module's name."""
     channels, _, kernel = weight.shape
-    with g.scope("conv"):
+    with g.scope(scope):
         seq_first = g.op.Transpose(g.op.Mul(x, pad.keep), perm=[0, 2, 1])  # (B, C, S)
         window = g.op.Concat(past, seq_first, axis=2)  # (B, C, kernel−1+S)
         present = _state_before(g, window, pad.ends, kernel - 1)
