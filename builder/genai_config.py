@@ -72,7 +72,7 @@ def _decoder_section(info: DecoderInfo, target: Target, filename: str, inputs_em
         },
         "outputs": {"logits": "logits", "present_key_names": PRESENT_KEY, "present_value_names": PRESENT_VALUE},
         "num_attention_heads": info.num_attention_heads,
-        "num_hidden_layers": info.num_layers,
+        "num_hidden_layers": info.num_layers - len(info.stateless_layers),  # the layers that carry state
         "num_key_value_heads": info.num_kv_heads,
     }
     if info.sliding_window_layers and target.windowed_kv_cache:
@@ -97,7 +97,7 @@ def _declare_conv_state(decoder: dict[str, Any], info: DecoderInfo) -> None:
     conv state; the lfm2 type requires them) and the state's length."""
     decoder["inputs"]["past_conv_names"] = PAST_CONV
     decoder["outputs"]["present_conv_names"] = PRESENT_CONV
-    decoder["layer_types"] = info.layer_types
+    decoder["layer_types"] = [t for i, t in enumerate(info.layer_types) if i not in info.stateless_layers]
     decoder["conv_cache_size"] = info.conv_state[1]
     if info.recurrent_state:  # linear attention (Qwen3.5): past/present_recurrent_names, as genai's base.py
         decoder["inputs"]["past_recurrent_names"] = PAST_RECURRENT

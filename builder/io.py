@@ -32,7 +32,10 @@ class DecoderIO:
     A hybrid decoder's convolution layers read a conv state (`conv`, by layer) and have no KV:
     their `past` entry is None, and their layer returns its present conv state alone, a 1-tuple;
     linear-attention layers (Qwen3.5) also read a recurrent state (`recurrent`, by layer) and
-    return (conv state, recurrent state)."""
+    return (conv state, recurrent state). A `stateless` layer (Nemotron-H's MLP layers) reads and
+    returns nothing: its `past` entry is None and it returns (). The state names number the layers
+    that carry state (`slots`: layer -> number), as onnxruntime-genai numbers what it allocates:
+    it gives every layer it counts a KV cache or a conv state, so a stateless layer is not counted."""
 
     input_ids: ir.Value | None
     attention_mask: ir.Value
@@ -43,27 +46,31 @@ class DecoderIO:
     inputs_embeds: ir.Value | None = None
     conv: dict[int, ir.Value] = field(default_factory=dict)
     recurrent: dict[int, ir.Value] = field(default_factory=dict)
+    stateless: frozenset[int] = frozenset()
+    slots: dict[int, int] = field(default_factory=dict)
 
     @classmethod
     def create(
         cls, num_layers: int, num_kv_heads: int, head_size: int, io_dtype: np.dtype, windowed_layers=(),
         embeds_width: int | None = None, conv_layers=(), conv_state: tuple[int, int] | None = None,
-        recurrent_state: tuple[int, ...] | None = None,
+        recurrent_state: tuple[int, ...] | None = None, stateless_layers=(),
     ) -> DecoderIO:
         """`windowed_layers` keep a window-long KV ring buffer (see Target.windowed_kv_cache);
         `embeds_width` (the hidden size) makes the decoder read inputs_embeds instead of input_ids;
         `conv_layers` read a conv state of (channels, length) `conv_state` instead of a KV cache, and
-        with `recurrent_state` (its shape less the batch) a recurrent state after it too."""
-        windowed = frozenset(windowed_layers)
+        with `recurrent_state` (its shape less the batch) a recurrent state after it too;
+        `stateless_layers` carry no state at all."""
+        windowed, stateless = frozenset(windowed_layers), frozenset(stateless_layers)
+        slots = {layer: n for n, layer in enumerate(i for i in range(num_layers) if i not in stateless)}
 
         def kv(i: int, pattern: str) -> ir.Value:
             length = PAST_WINDOW if i in windowed else PAST
-            return _value(pattern % i, io_dtype, (BATCH, num_kv_heads, length, head_size))
+            return _value(pattern % slots[i], io_dtype, (BATCH, num_kv_heads, length, head_size))
 
-        conv = {i: _value(PAST_CONV % i, io_dtype, (BATCH, *conv_state)) for i in conv_layers}
+        conv = {i: _value(PAST_CONV % slots[i], io_dtype, (BATCH, *conv_state)) for i in conv_layers}
         recurrent = {} if recurrent_state is None else {
-            i: _value(PAST_RECURRENT % i, io_dtype, (BATCH, *recurrent_state)) for i in conv_layers}
-        past = [None if i in conv else (kv(i, PAST_KEY), kv(i, PAST_VALUE)) for i in range(num_layers)]
+            i: _value(PAST_RECURRENT % slots[i], io_dtype, (BATCH, *recurrent_state)) for i in conv_layers}
+        past = [None if i in conv or i in stateless else (kv(i, PAST_KEY), kv(i, PAST_VALUE)) for i in range(num_layers)]
         embeds = None if embeds_width is None else _value("inputs_embeds", io_dtype, (BATCH, SEQUENCE, embeds_width))
         return cls(
             input_ids=_value("input_ids", np.int64, (BATCH, SEQUENCE)) if embeds is None else None,
@@ -75,6 +82,8 @@ class DecoderIO:
             inputs_embeds=embeds,
             conv=conv,
             recurrent=recurrent,
+            stateless=stateless,
+            slots=slots,
         )
 
     @property
@@ -83,7 +92,8 @@ class DecoderIO:
 
     @property
     def inputs(self) -> list[ir.Value]:
-        states = (kv if kv is not None else (self.conv[i], *self._recurrent(i)) for i, kv in enumerate(self.past))
+        states = (kv if kv is not None else () if i in self.stateless else (self.conv[i], *self._recurrent(i))
+                  for i, kv in enumerate(self.past))
         return [self.token_input, self.attention_mask, *(v for state in states for v in state)]
 
     def outputs(self, logits: ir.Value, vocab_size: int, presents: list[tuple[ir.Value, ir.Value]]) -> list[ir.Value]:
@@ -96,9 +106,11 @@ class DecoderIO:
             if i in self.conv:
                 self._name_conv_state(i, *present)
                 continue
+            if i in self.stateless:
+                continue
             key, value = present
             for v, pattern in ((key, PRESENT_KEY), (value, PRESENT_VALUE)):
-                v.name = pattern % i
+                v.name = pattern % self.slots[i]
                 v.type = ir.TensorType(ir.DataType.from_numpy(self.io_dtype))
                 v.shape = ir.Shape((BATCH, heads, TOTAL_WINDOW if i in self.windowed_layers else TOTAL, size))
         return [logits, *(v for state in presents for v in state)]
@@ -112,7 +124,7 @@ class DecoderIO:
         if recurrent is not None:
             named.append((recurrent, self.recurrent[layer], PRESENT_RECURRENT))
         for value, past, pattern in named:
-            value.name = pattern % layer
+            value.name = pattern % self.slots[layer]
             value.type, value.shape = past.type, ir.Shape(tuple(past.shape))
 
 

@@ -1,0 +1,143 @@
+"""Nemotron-H (one mixer per layer: Mamba-2, attention without rotary, or a relu² MLP) against
+transformers: fp32 prefill and decode steps feeding back every state, int4 against fake
+quantization, onnxruntime-genai's greedy generation (one prompt, and a ragged batch), the hub's
+`backbone.` layout and its config spellings."""
+
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+import transformers
+from fake_quant import fake_quantize_model
+from helpers import GENAI_PROMPT, build, make_checkpoint
+from safetensors.numpy import load_file, save_file
+from test_family_lfm2 import RAGGED, assert_steps_match
+
+from builder.options import PRECISION_DEFAULTS
+
+# Every layer kind, a Mamba layer first and last; 8 Mamba heads of 12 channels in 2 groups of B and
+# C, a 4-tap conv with bias, in_proj/out_proj biases (use_bias), 8-token chunks; 3 query heads of
+# 32 over 1 KV head, no rotary; dt clamped to at least time_step_min in prefill (0.3: it matters).
+CONFIG = dict(
+    vocab_size=256, hidden_size=64, intermediate_size=96, layers_block_type=["linear_attention", "full_attention",
+                                                                            "mlp", "linear_attention"],
+    num_attention_heads=3, num_key_value_heads=1, head_dim=32, max_position_embeddings=256, mamba_num_heads=8,
+    mamba_head_dim=12, n_groups=2, ssm_state_size=16, conv_kernel=4, chunk_size=8, use_bias=True,
+    time_step_min=0.3, initializer_range=0.1, eos_token_id=255, pad_token_id=0, bos_token_id=1,
+)
+STEPS = 4
+
+
+def make(folder, backbone=False, **overrides):
+    """A tiny random Nemotron-H with random dt_bias, D, A_log and biases (transformers initializes
+    them to constants); `backbone`: under the hub's `backbone.` prefix."""
+    make_checkpoint(folder, "NemotronHConfig", **{**CONFIG, **overrides})
+    tensors = load_file(folder / "model.safetensors")
+    rng = np.random.default_rng(1)
+    for key, value in tensors.items():
+        if key.endswith(("mixer.dt_bias", "mixer.D", ".bias")):
+            tensors[key] = (0.5 * rng.standard_normal(value.shape)).astype(value.dtype)
+        elif key.endswith("mixer.A_log"):
+            tensors[key] = rng.uniform(-1, 1.5, value.shape).astype(value.dtype)
+    if backbone:
+        tensors = {k.replace("model.", "backbone.", 1): v for k, v in tensors.items()}
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    return make(tmp_path_factory.mktemp("nemotron_h"))
+
+
+def load(source):
+    model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    assert type(model).__name__ == "NemotronHForCausalLM"
+    return model
+
+
+def test_fp32_prefill_and_decode_match_transformers(source, tmp_path):
+    out = build(source, tmp_path / "out", "-p", "fp32")
+    model = load(source)
+    assert_steps_match(out, model)
+    assert_steps_match(out, model, [int(t) for t in np.random.default_rng(0).integers(0, 255, 30)])  # 4 chunks
+    assert_steps_match(out, model, [9, 4])  # shorter than the kernel
+
+
+def test_hub_layout_and_spellings(tmp_path):
+    # backbone.* tensors, hybrid_override_pattern and the older mamba_* keys.
+    source = make(tmp_path / "src", backbone=True)
+    config = json.loads((source / "config.json").read_text())
+    del config["layers_block_type"]
+    config.update(hybrid_override_pattern="M*-M", num_hidden_layers=4, mamba_n_groups=config.pop("n_groups"),
+                  mamba_d_conv=config.pop("conv_kernel"))
+    (source / "config.json").write_text(json.dumps(config))
+    out = build(source, tmp_path / "out", "-p", "fp32")
+    reference = make(tmp_path / "ref")
+    assert_steps_match(out, load(reference))
+
+
+def test_experts_are_refused_in_one_line(tmp_path, capsys):
+    from builder.cli import main
+
+    source = make(tmp_path / "src")
+    config = json.loads((source / "config.json").read_text())
+    config["layers_block_type"] = ["linear_attention", "moe", "full_attention", "mlp"]
+    (source / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    assert main(["-m", str(source), "-o", str(tmp_path / "out"), "-q"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "relu²" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_state_contract(source, tmp_path):
+    """Mamba layers: conv and SSM states; the attention layer: KV; the MLP layer: nothing, and no
+    number: the states number the layers that carry one (layer 3's are slot 2's), as genai counts."""
+    out = build(source, tmp_path / "out", "-p", "fp32")
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    inputs = {i.name: i.shape for i in session.get_inputs()}
+    outputs = [o.name for o in session.get_outputs()]
+    assert list(inputs) == ["input_ids", "attention_mask", "past.0.conv", "past.0.recurrent",
+                            "past_key_values.1.key", "past_key_values.1.value", "past.2.conv", "past.2.recurrent"]
+    assert outputs == ["logits", "present.0.conv", "present.0.recurrent", "present.1.key", "present.1.value",
+                       "present.2.conv", "present.2.recurrent"]
+    assert inputs["past.0.conv"] == ["batch_size", 8 * 12 + 2 * 2 * 16, 3]
+    assert inputs["past.2.recurrent"] == ["batch_size", 8, 12, 16]
+    genai = json.loads((out / "genai_config.json").read_text())["model"]
+    assert genai["type"] == "granitemoehybrid"
+    assert genai["decoder"]["num_hidden_layers"] == 3
+    assert genai["decoder"]["layer_types"] == ["linear_attention", "full_attention", "linear_attention"]
+
+
+def test_int4_matches_fake_quantized_transformers(source, tmp_path):
+    out = build(source, tmp_path / "out", "-p", "int4", "--accuracy-level", "0")
+    model = load(source)
+    int4 = PRECISION_DEFAULTS["int4"]
+    fake_quantize_model(model, 4, 32, int4["symmetric"], method=int4["quant_method"])
+    assert_steps_match(out, model, tolerance=1e-3, min_cosine=0.999)
+
+
+def test_genai_greedy_matches_transformers(source, tmp_path):
+    from test_genai import assert_same_greedy
+
+    assert_same_greedy(build(source, tmp_path / "out", "-p", "fp32"), source, GENAI_PROMPT)
+
+
+def test_genai_batch_of_different_lengths_matches_transformers(source, tmp_path):
+    from test_genai import MAX_LENGTH
+    from test_sliding_windows import assert_rows_match, genai_generate
+
+    out = build(source, tmp_path / "out", "-p", "fp32")
+    generated = genai_generate(out, RAGGED, MAX_LENGTH)
+    assert_rows_match(load(source), RAGGED, generated, MAX_LENGTH - max(map(len, RAGGED)))
+
+
+def test_verify_feeds_the_states_of_the_layers_that_have_them(source, tmp_path):
+    # --verify counts the layers as genai_config.json does (those with a state) and feeds each its
+    # KV or its conv and SSM states.
+    from builder.cli import main
+
+    assert main(["-m", str(source), "-o", str(tmp_path / "out"), "-q", "-p", "fp32", "--verify"]) == 0
