@@ -390,6 +390,52 @@ QWEN3_5_2B = {
     "torch_dtype": "bfloat16",
 }
 
+# ibm-granite/granite-4.0-h-tiny's shapes, from memory (not checked against the hub): 40 layers,
+# attention (12 query heads, 4 KV heads, no rotary) at layers 5, 15, 25, 35, Mamba-2 elsewhere (48
+# heads of 64, one group of B and C, state 128), 64 experts of 512 (top 6) beside a shared MLP of 1024.
+GRANITE_4_0_H_TINY = {
+    "architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid", "vocab_size": 100352,
+    "hidden_size": 1536, "intermediate_size": 512, "shared_intermediate_size": 1024, "num_hidden_layers": 40,
+    "num_attention_heads": 12, "num_key_value_heads": 4, "hidden_act": "silu", "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5, "position_embedding_type": "nope", "embedding_multiplier": 12.0,
+    "residual_multiplier": 0.22, "attention_multiplier": 0.0078125, "logits_scaling": 6.0,
+    "num_local_experts": 64, "num_experts_per_tok": 6, "mamba_n_heads": 48, "mamba_d_head": 64,
+    "mamba_n_groups": 1, "mamba_d_state": 128, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_chunk_size": 256,
+    "mamba_conv_bias": True, "mamba_proj_bias": False,
+    "layer_types": ["attention" if i % 10 == 5 else "mamba" for i in range(40)],
+    "tie_word_embeddings": True, "bos_token_id": 100257, "eos_token_id": 100257, "pad_token_id": 100256,
+    "torch_dtype": "bfloat16",
+}
+
+# nvidia/NVIDIA-Nemotron-Nano-9B-v2's shapes, from memory (not checked against the hub; the pattern
+# is approximate): 56 layers alternating Mamba-2 (128 heads of 80, 8 groups, state 128) and relu²
+# MLPs of 15680, four of them attention (40 query heads of 128, 8 KV heads, no rotary).
+NEMOTRON_NANO_9B_V2 = {
+    "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "vocab_size": 131072, "hidden_size": 4480,
+    "intermediate_size": 15680, "num_hidden_layers": 56, "num_attention_heads": 40, "num_key_value_heads": 8,
+    "head_dim": 128, "max_position_embeddings": 131072, "layer_norm_epsilon": 1e-5, "mlp_hidden_act": "relu2",
+    "mamba_num_heads": 128, "mamba_head_dim": 80, "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4,
+    "chunk_size": 128, "use_conv_bias": True, "use_bias": False, "time_step_min": 0.001,
+    "hybrid_override_pattern": "M-M-M-MM-M-M-M*-M-M-M*-M-M-M-M*-M-M-M-M*-M-MM-M-M-M-M-M-",
+    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 12, "pad_token_id": 0,
+    "torch_dtype": "bfloat16",
+}
+
+# Qwen/Qwen3-Next-80B-A3B-Instruct's shapes, from memory (not checked against the hub): 48 layers,
+# every 4th gated attention (16 query heads of 256, 2 KV heads), the others gated DeltaNet (16 key
+# heads and 32 value heads of 128, fused in_proj_qkvz / in_proj_ba), 512 experts of 512 (top 10)
+# and a shared expert of 512 in every layer.
+QWEN3_NEXT_80B_A3B = {
+    "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "vocab_size": 151936, "hidden_size": 2048,
+    "intermediate_size": 5120, "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2,
+    "head_dim": 256, "hidden_act": "silu", "max_position_embeddings": 262144, "rms_norm_eps": 1e-6,
+    "rope_theta": 10000000, "partial_rotary_factor": 0.25, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+    "full_attention_interval": 4, "num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512, "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
+    "tie_word_embeddings": False, "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16",
+}
+
 PRESETS: dict[str, dict] = {
     "Llama-3.2-1B": LLAMA_3_2_1B,
     "Llama-3.1-8B": LLAMA_3_1_8B,
@@ -429,6 +475,9 @@ PRESETS: dict[str, dict] = {
     "LFM2-1.2B": LFM2_1_2B,
     "Qwen3.5-2B": QWEN3_5_2B,
     "LFM2-8B-A1B": LFM2_8B_A1B,
+    "granite-4.0-h-tiny": GRANITE_4_0_H_TINY,
+    "NVIDIA-Nemotron-Nano-9B-v2": NEMOTRON_NANO_9B_V2,
+    "Qwen3-Next-80B-A3B-Instruct": QWEN3_NEXT_80B_A3B,
 }
 
 
@@ -937,6 +986,107 @@ def qwen3_5_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     yield "model.norm.weight", (H,)
 
 
+def _mamba2_tensors(p: str, H: int, heads: int, head_dim: int, groups: int, state: int, kernel: int,
+                    conv_bias: bool, proj_bias: bool) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """A Mamba-2 mixer's tensors under `p`: in_proj (z, xBC, dt), conv1d, dt_bias, A_log, D, the gated norm, out_proj."""
+    inner = heads * head_dim
+    conv = inner + 2 * groups * state
+    yield p + "in_proj.weight", (inner + conv + heads, H)
+    if proj_bias:
+        yield p + "in_proj.bias", (inner + conv + heads,)
+    yield p + "conv1d.weight", (conv, 1, kernel)
+    if conv_bias:
+        yield p + "conv1d.bias", (conv,)
+    yield from ((p + name, (heads,)) for name in ("dt_bias", "A_log", "D"))
+    yield p + "norm.weight", (inner,)
+    yield p + "out_proj.weight", (H, inner)
+    if proj_bias:
+        yield p + "out_proj.bias", (H,)
+
+
+def granitemoehybrid_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Granite 4.0: per layer input/post_attention_layernorm, mamba.* or self_attn.*, the shared MLP
+    (input_linear [2S, H], output_linear) and, with experts, block_sparse_moe (router, stacked experts)."""
+    H, V, n = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"]
+    heads, kv, D = c["num_attention_heads"], c["num_key_value_heads"], H // c["num_attention_heads"]
+    S, E, I = c["shared_intermediate_size"], c.get("num_local_experts", 0), c["intermediate_size"]
+    inner = c["mamba_expand"] * H
+    yield "model.embed_tokens.weight", (V, H)
+    for i in range(n):
+        p = f"model.layers.{i}."
+        yield p + "input_layernorm.weight", (H,)
+        yield p + "post_attention_layernorm.weight", (H,)
+        if c["layer_types"][i] == "mamba":
+            yield from _mamba2_tensors(p + "mamba.", H, c["mamba_n_heads"], inner // c["mamba_n_heads"],
+                                       c["mamba_n_groups"], c["mamba_d_state"], c["mamba_d_conv"],
+                                       c["mamba_conv_bias"], c["mamba_proj_bias"])
+        else:
+            yield from ((p + f"self_attn.{w}.weight", shape) for w, shape in (
+                ("q_proj", (heads * D, H)), ("k_proj", (kv * D, H)), ("v_proj", (kv * D, H)), ("o_proj", (H, heads * D))))
+        yield p + "shared_mlp.input_linear.weight", (2 * S, H)
+        yield p + "shared_mlp.output_linear.weight", (H, S)
+        if E:
+            yield p + "block_sparse_moe.router.layer.weight", (E, H)
+            yield p + "block_sparse_moe.input_linear.weight", (E, 2 * I, H)
+            yield p + "block_sparse_moe.output_linear.weight", (E, H, I)
+    yield "model.norm.weight", (H,)
+    if not c.get("tie_word_embeddings"):
+        yield "lm_head.weight", (V, H)
+
+
+def nemotron_h_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Nemotron-H, under the hub's backbone.* names: per layer its norm and one mixer (Mamba-2,
+    attention, or the relu² MLP's up_proj/down_proj) by hybrid_override_pattern."""
+    H, V, I = c["hidden_size"], c["vocab_size"], c["intermediate_size"]
+    heads, kv, D = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    yield "backbone.embeddings.weight", (V, H)
+    for i, kind in enumerate(c["hybrid_override_pattern"]):
+        p = f"backbone.layers.{i}."
+        yield p + "norm.weight", (H,)
+        if kind == "M":
+            yield from _mamba2_tensors(p + "mixer.", H, c["mamba_num_heads"], c["mamba_head_dim"], c["n_groups"],
+                                       c["ssm_state_size"], c["conv_kernel"], c["use_conv_bias"], c["use_bias"])
+        elif kind == "*":
+            yield from ((p + f"mixer.{w}.weight", shape) for w, shape in (
+                ("q_proj", (heads * D, H)), ("k_proj", (kv * D, H)), ("v_proj", (kv * D, H)), ("o_proj", (H, heads * D))))
+        else:
+            yield from ((p + f"mixer.{w}.weight", shape) for w, shape in (("up_proj", (I, H)), ("down_proj", (H, I))))
+    yield "backbone.norm_f.weight", (H,)
+    yield "lm_head.weight", (V, H)
+
+
+def qwen3_next_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Qwen3-Next: Qwen3.5's layers with the DeltaNet's fused in_proj_qkvz / in_proj_ba and a sparse
+    block (router mlp.gate, per-expert gate/up/down_proj, shared_expert and its gate) in every layer."""
+    H, n, E, I, S = (c["hidden_size"], c["num_hidden_layers"], c["num_experts"], c["moe_intermediate_size"],
+                     c["shared_expert_intermediate_size"])
+    Hk, Hv, Dk, Dv = (c["linear_num_key_heads"], c["linear_num_value_heads"], c["linear_key_head_dim"],
+                      c["linear_value_head_dim"])
+    fused = {"in_proj_qkv.weight": ("in_proj_qkvz.weight", (2 * Hk * Dk + 2 * Hv * Dv, H)),
+             "in_proj_b.weight": ("in_proj_ba.weight", (2 * Hv, H))}
+    dense = dict(c, layer_types=["full_attention" if (i + 1) % c["full_attention_interval"] == 0
+                                 else "linear_attention" for i in range(n)])
+    for name, shape in qwen3_5_tensors(dense):
+        leaf = name.rsplit("linear_attn.", 1)[-1]
+        if "linear_attn." in name and leaf in fused:
+            yield name.replace(leaf, fused[leaf][0]), fused[leaf][1]
+        elif name.endswith(("in_proj_z.weight", "in_proj_a.weight")):
+            continue  # inside the fused projections
+        elif ".mlp." in name:
+            if name.endswith("mlp.gate_proj.weight"):  # the layer's sparse block, in the dense MLP's place
+                p = name[: -len("gate_proj.weight")]
+                yield p + "gate.weight", (E, H)
+                for e in range(E):
+                    yield from ((p + f"experts.{e}.{w}.weight", shape) for w, shape in (
+                        ("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I))))
+                yield from ((p + f"shared_expert.{w}.weight", shape) for w, shape in (
+                    ("gate_proj", (S, H)), ("up_proj", (S, H)), ("down_proj", (H, S))))
+                yield p + "shared_expert_gate.weight", (1, H)
+        else:
+            yield name, shape
+    yield "lm_head.weight", (c["vocab_size"], H)
+
+
 TENSORS = {
     "llama": llama_tensors, "mistral": llama_tensors, "qwen2": llama_tensors, "qwen3": llama_tensors,
     "granite": llama_tensors, "smollm3": llama_tensors, "seed_oss": llama_tensors, "ernie4_5": llama_tensors,
@@ -950,7 +1100,8 @@ TENSORS = {
     "phimoe": phimoe_tensors, "ernie4_5_moe": ernie4_5_moe_tensors, "glm4_moe": glm4_moe_tensors,
     "dots1": dots1_tensors,
     "apertus": apertus_tensors, "lfm2": lfm2_tensors, "lfm2_moe": lfm2_moe_tensors,
-    "qwen3_5_text": qwen3_5_tensors,
+    "qwen3_5_text": qwen3_5_tensors, "granitemoehybrid": granitemoehybrid_tensors, "nemotron_h": nemotron_h_tensors,
+    "qwen3_next": qwen3_next_tensors,
 }
 
 
@@ -1011,7 +1162,10 @@ def write_checkpoint(folder: Path, config: dict, seed: int = 0, shard_bytes: int
 SHRINK = {"vocab_size": 512, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 3,
           "max_position_embeddings": 256, "original_max_position_embeddings": 64,
           "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128, "max_window_layers": 3,
-          "moe_num_experts": 4, "moe_k": 2, "n_routed_experts": 4}
+          "moe_num_experts": 4, "moe_k": 2, "n_routed_experts": 4, "num_local_experts": 4,
+          "mamba_n_heads": 8, "mamba_d_state": 16, "mamba_num_heads": 8, "mamba_head_dim": 16, "ssm_state_size": 16,
+          "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 32,
+          "linear_value_head_dim": 32, "shared_expert_intermediate_size": 128, "shared_intermediate_size": 128}
 
 
 def shrunk(config: dict) -> dict:
@@ -1028,8 +1182,8 @@ def shrunk(config: dict) -> dict:
     if "partial_rotary_factor" in text:  # rotate a multiple of 16 of the 64 dims, as the preset does of its head
         rotated = max(16, round(int(64 * text["partial_rotary_factor"]) / 16) * 16)  # phi-2's 0.4 -> 0.5
         text["partial_rotary_factor"] = rotated / 64
-    for key in ("no_rope_layers", "layer_types"):  # per-layer lists follow the layer count
-        if isinstance(text.get(key), list):
+    for key in ("no_rope_layers", "layer_types", "hybrid_override_pattern"):  # per-layer lists follow the layer count
+        if isinstance(text.get(key), (list, str)):
             text[key] = text[key][: text["num_hidden_layers"]]
     if text.get("model_type") == "hunyuan_v1_moe":  # the original code's per-layer lists, at the shrunk sizes
         n = text["num_hidden_layers"]
