@@ -82,6 +82,17 @@ def test_rope_and_dense_variant(tmp_path):
     assert_steps_match(build(source, tmp_path / "out", "-p", "fp32"), load(source))
 
 
+def test_fp16_prefill_and_decode_close_to_transformers(source, tmp_path):
+    # fp16 activations, the SSM state float32 (as transformers keeps it).
+    from helpers import relative_error
+    from test_family_lfm2 import onnx_steps, reference_steps
+
+    out = build(source, tmp_path / "out", "-p", "fp16")
+    want, fed = reference_steps(load(source), PROMPT, STEPS)
+    for step, (g, w) in enumerate(zip(onnx_steps(out, PROMPT, fed), want)):
+        assert relative_error(g, w) < 1e-2, f"step {step}: relative error {relative_error(g, w):.2e}"
+
+
 def test_state_contract(source, tmp_path):
     """Attention layers: KV only; Mamba layers: past.%d.conv (batch, conv_dim, kernel−1) and
     past.%d.recurrent (batch, heads, head_dim, state), transformers' cache layout; genai_config.json

@@ -57,13 +57,13 @@ def onnx_steps(folder, ids, next_ids):
     for name, i in inputs.items():
         if name.startswith("past"):
             shape = [1 if d == "batch_size" else 0 if isinstance(d, str) else d for d in i.shape]
-            state[name] = np.zeros(shape, np.float32)
+            state[name] = np.zeros(shape, np.float16 if i.type == "tensor(float16)" else np.float32)
     results, total = [], 0
     for chunk in [ids, *([t] for t in next_ids)]:
         total += len(chunk)
         feed = {"input_ids": np.array([chunk], np.int64), "attention_mask": np.ones((1, total), np.int64), **state}
         outs = dict(zip(names, session.run(None, feed)))
-        results.append(outs["logits"][0])
+        results.append(outs["logits"][0].astype(np.float32))
         state = {n.replace("present", "past_key_values", 1) if n.endswith(("key", "value")) else
                  n.replace("present", "past", 1): v for n, v in outs.items() if n.startswith("present")}
     return results

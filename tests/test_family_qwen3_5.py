@@ -190,6 +190,15 @@ def test_fp16_prefill_close_to_transformers(source, tmp_path):
     assert (got.argmax(-1) == want[0].argmax(-1)).all()
 
 
+@pytest.mark.xfail(strict=True, reason="open in #23: decode step 2 is 6.0e-2 from transformers' fp32 (its own "
+                   "fp16 is 1.7e-2, ours 4.6e-2 from its fp16); a float32 recurrent state does not change it")
+def test_fp16_decode_steps_close_to_transformers(source, tmp_path):
+    out = build(source, tmp_path / "out", "-p", "fp16")
+    want, fed = reference_steps(load(source), PROMPT, STEPS)
+    for step, (g, w) in enumerate(zip(onnx_steps(out, PROMPT, fed), want)):
+        assert relative_error(g, w) < 1e-2, f"step {step}: relative error {relative_error(g, w):.2e}"
+
+
 def delta_rule_session(fused: bool, heads):
     """An ONNX Runtime session of builder.blocks.gated_deltanet.gated_delta_rule alone, float32."""
     import onnx_ir as ir
