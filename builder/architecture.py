@@ -45,6 +45,8 @@ class DecoderInfo:
     layer_types: list[str] | None = None
     # Linear-attention layers (Qwen3.5's gated DeltaNet): a recurrent state beside the conv state.
     recurrent_state: tuple[int, ...] | None = None
+    # Conv layers that keep a KV cache as well (Falcon-H1's attention beside its Mamba mixer).
+    hybrid_layers: list[int] = field(default_factory=list)
 
 
 def decoder_info(c: Any) -> DecoderInfo:
@@ -73,6 +75,8 @@ def _conv_state_info(c: Any) -> dict[str, Any]:
     info = {"conv_layers": list(c.conv_layers), "conv_state": c.conv_state, "layer_types": list(c.layer_types)}
     if getattr(c, "recurrent_state", None):
         info["recurrent_state"] = c.recurrent_state
+    if getattr(c, "hybrid_layers", None):
+        info["hybrid_layers"] = list(c.hybrid_layers)
     return info
 
 

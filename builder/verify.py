@@ -249,16 +249,17 @@ def verify(options: BuildOptions, output: Path, folder: Path, quiet: bool = Fals
     embed = _embedder(output, genai, decoder["hidden_size"])
 
     # A hybrid's convolution layers (LFM2) carry a conv state instead of KV, linear-attention layers
-    # (Qwen3.5) a recurrent state too: zeros of the declared shape first, as genai.
+    # (Qwen3.5) a recurrent state too, Falcon-H1's both beside KV: zeros of the declared shape first, as genai.
+    inputs = {i.name for i in session.get_inputs()}
     states = {i.name: [1 if isinstance(d, str) else d for d in i.shape] for i in session.get_inputs()
               if i.name.startswith("past.")}
 
     def run(feed, past, total):
         feed = {**feed, "attention_mask": np.ones((1, total), np.int64)}
         for i in range(decoder["num_hidden_layers"]):
-            if f"past.{i}.conv" in states:
-                for name in (n for n in states if n.startswith(f"past.{i}.")):
-                    feed[name] = past[name.replace("past", "present", 1)] if past else np.zeros(states[name], dtype)
+            for name in (n for n in states if n.startswith(f"past.{i}.")):
+                feed[name] = past[name.replace("past", "present", 1)] if past else np.zeros(states[name], dtype)
+            if f"past_key_values.{i}.key" not in inputs:
                 continue
             cap = window["window_size"] if i in window.get("layers", []) else 0
             for kind in ("key", "value"):
