@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from architectures import granite
-from architectures.granitemoehybrid import conv_padding, time_step_limit
+from architectures.granitemoehybrid import conv_padding, resolve_mamba_keys
 from builder.architecture import Weights, attention_weights
 from builder.blocks import AttentionSpec, gated_mlp, self_attention
 from builder.blocks.mamba2 import Mamba2Spec, Mamba2Weights, mamba2_mixer
@@ -90,20 +90,8 @@ class FalconH1Config(DecoderConfig):
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        inner = self.mamba_intermediate
-        if self.mamba_d_head == "auto":
-            if inner % self.mamba_n_heads:
-                raise ValueError(f"mamba_n_heads ({self.mamba_n_heads}) must divide the Mamba width ({inner})")
-            set_(self, "mamba_d_head", inner // self.mamba_n_heads)
-        if not isinstance(self.mamba_d_head, int) or self.mamba_d_head * self.mamba_n_heads != inner:
-            raise ValueError(f"mamba_d_head {self.mamba_d_head!r} · mamba_n_heads {self.mamba_n_heads} is not the "
-                             f"Mamba width ({inner}: mamba_d_ssm, else mamba_expand · hidden_size)")
-        if self.mamba_n_heads % self.mamba_n_groups:
-            raise ValueError(f"mamba_n_groups ({self.mamba_n_groups}) must divide mamba_n_heads ({self.mamba_n_heads})")
-        if self.mamba_d_conv < 2:
-            raise ValueError(f"mamba_d_conv {self.mamba_d_conv}: the convolution needs at least 2 taps")
-        if self.time_step_limit is not None:
-            set_(self, "time_step_limit", time_step_limit(self.time_step_limit))
+        resolve_mamba_keys(self, self.mamba_intermediate,
+                           "mamba_d_ssm" if self.mamba_d_ssm is not None else "mamba_expand · hidden_size")
         for key, count in (("mlp_multipliers", 2), ("ssm_multipliers", 5)):
             value = getattr(self, key)
             if value is None:

@@ -214,3 +214,9 @@ def test_config_matches_transformers(raw):
     assert vector.shape[-1] == c.mamba.projection
     assert c.conv_state == (c.mamba.conv_dim, ref.mamba_d_conv - 1)
     assert c.model_type == "granitemoehybrid"
+
+
+def test_verify_feeds_kv_and_states_of_every_layer(source, tmp_path):
+    # --verify's own prefill + step against transformers: it must feed each layer's KV and its
+    # conv and SSM states (it used to give a layer one or the other).
+    build(source, tmp_path / "out", "-p", "fp32", "--verify")

@@ -114,16 +114,13 @@ class Mamba2Weights:
 
 def mamba2_mixer(
     g: Graph, h: ir.Value, w: Mamba2Weights, spec: Mamba2Spec, conv_past: ir.Value, ssm_past: ir.Value,
-    pad: Padding, target: Target, projected=None,
+    pad: Padding, target: Target,
 ) -> tuple[ir.Value, ir.Value, ir.Value]:
     """The mixer on h (B, S, hidden); returns (its output, the present conv state, the present SSM
-    state). `projected(zxbcdt)`: what a family does to in_proj's output before it is split
-    (Falcon-H1's per-segment multipliers)."""
+    state)."""
     dtype = target.io_dtype
     with g.scope("in_proj"):
         zxbcdt = linear(g, h, w.in_proj, target, w.in_proj_bias)
-    if projected is not None:
-        zxbcdt = projected(zxbcdt)
     z, xbc, dt = g.op.Split(zxbcdt, g.constant([spec.intermediate, spec.conv_dim, spec.heads], "int64"), axis=-1,
                             _outputs=3)
     xbc, conv_present = causal_conv(g, xbc, conv_past, w.conv, w.conv_bias, pad, target, scope="conv1d")
