@@ -76,20 +76,7 @@ class GraniteMoeHybridConfig(DecoderConfig):
             set_(self, "layer_types", self.layers_block_type)
         if self.layer_types is not None:
             set_(self, "layer_types", [LEGACY.get(t, t) for t in self.layer_types])
-        inner = self.mamba_expand * self.hidden_size
-        if self.mamba_d_head == "auto":
-            if inner % self.mamba_n_heads:
-                raise ValueError(f"mamba_n_heads ({self.mamba_n_heads}) must divide mamba_expand · hidden_size ({inner})")
-            set_(self, "mamba_d_head", inner // self.mamba_n_heads)
-        if not isinstance(self.mamba_d_head, int) or self.mamba_d_head * self.mamba_n_heads != inner:
-            raise ValueError(f"mamba_d_head {self.mamba_d_head!r} · mamba_n_heads {self.mamba_n_heads} is not "
-                             f"mamba_expand · hidden_size ({inner})")
-        if self.mamba_n_heads % self.mamba_n_groups:
-            raise ValueError(f"mamba_n_groups ({self.mamba_n_groups}) must divide mamba_n_heads ({self.mamba_n_heads})")
-        if self.mamba_d_conv < 2:
-            raise ValueError(f"mamba_d_conv {self.mamba_d_conv}: the convolution needs at least 2 taps")
-        if self.time_step_limit is not None:
-            set_(self, "time_step_limit", time_step_limit(self.time_step_limit))
+        resolve_mamba_keys(self, self.mamba_expand * self.hidden_size, "mamba_expand · hidden_size")
         super().__post_init__()
 
     def default_layer_types(self) -> list[str]:
@@ -114,6 +101,25 @@ class GraniteMoeHybridConfig(DecoderConfig):
     @property
     def recurrent_state(self) -> tuple[int, int, int]:
         return self.mamba.recurrent_state
+
+
+def resolve_mamba_keys(c: Any, inner: int, width: str) -> None:
+    """The mixer keys a Mamba-2 hybrid's config (Granite 4.0's, Falcon-H1's) shares, checked and
+    resolved in place: mamba_d_head ("auto": the mixer's width `inner` over mamba_n_heads), the
+    groups, the conv's taps, time_step_limit; `width` names where `inner` comes from."""
+    set_ = object.__setattr__
+    if c.mamba_d_head == "auto":
+        if inner % c.mamba_n_heads:
+            raise ValueError(f"mamba_n_heads ({c.mamba_n_heads}) must divide {width} ({inner})")
+        set_(c, "mamba_d_head", inner // c.mamba_n_heads)
+    if not isinstance(c.mamba_d_head, int) or c.mamba_d_head * c.mamba_n_heads != inner:
+        raise ValueError(f"mamba_d_head {c.mamba_d_head!r} · mamba_n_heads {c.mamba_n_heads} is not {width} ({inner})")
+    if c.mamba_n_heads % c.mamba_n_groups:
+        raise ValueError(f"mamba_n_groups ({c.mamba_n_groups}) must divide mamba_n_heads ({c.mamba_n_heads})")
+    if c.mamba_d_conv < 2:
+        raise ValueError(f"mamba_d_conv {c.mamba_d_conv}: the convolution needs at least 2 taps")
+    if c.time_step_limit is not None:
+        set_(c, "time_step_limit", time_step_limit(c.time_step_limit))
 
 
 def time_step_limit(limit: list) -> tuple[float, float]:

@@ -47,6 +47,8 @@ class DecoderInfo:
     recurrent_state: tuple[int, ...] | None = None
     # Layers without any state (Nemotron-H's MLP layers): no KV, no conv state.
     stateless_layers: list[int] = field(default_factory=list)
+    # Conv layers that keep a KV cache as well (Falcon-H1's attention beside its Mamba mixer).
+    hybrid_layers: list[int] = field(default_factory=list)
 
 
 def decoder_info(c: Any) -> DecoderInfo:
@@ -77,6 +79,8 @@ def _conv_state_info(c: Any) -> dict[str, Any]:
         info["recurrent_state"] = c.recurrent_state
     if getattr(c, "stateless_layers", None):
         info["stateless_layers"] = list(c.stateless_layers)
+    if getattr(c, "hybrid_layers", None):
+        info["hybrid_layers"] = list(c.hybrid_layers)
     return info
 
 

@@ -94,10 +94,13 @@ def _declare_conv_state(decoder: dict[str, Any], info: DecoderInfo) -> None:
     """A hybrid decoder's convolution states, as onnxruntime-genai 0.18 reads them (its builder's
     lfm2.py and base.py): past/present_conv_names beside the KV names (genai feeds zeros of the
     inputs' shape first, then each present back), the layer types (which layers have KV, which a
-    conv state; the lfm2 type requires them) and the state's length."""
+    conv state; the lfm2 type requires them) and the state's length. A layer with both (Falcon-H1's)
+    is declared "full_attention": genai allocates KV by that type and finds the conv and recurrent
+    states of every layer by name."""
     decoder["inputs"]["past_conv_names"] = PAST_CONV
     decoder["outputs"]["present_conv_names"] = PRESENT_CONV
-    decoder["layer_types"] = [t for i, t in enumerate(info.layer_types) if i not in info.stateless_layers]
+    decoder["layer_types"] = ["full_attention" if i in info.hybrid_layers else kind
+                              for i, kind in enumerate(info.layer_types) if i not in info.stateless_layers]
     decoder["conv_cache_size"] = info.conv_state[1]
     if info.recurrent_state:  # linear attention (Qwen3.5): past/present_recurrent_names, as genai's base.py
         decoder["inputs"]["past_recurrent_names"] = PAST_RECURRENT

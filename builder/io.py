@@ -32,7 +32,10 @@ class DecoderIO:
     A hybrid decoder's convolution layers read a conv state (`conv`, by layer) and have no KV:
     their `past` entry is None, and their layer returns its present conv state alone, a 1-tuple;
     linear-attention layers (Qwen3.5) also read a recurrent state (`recurrent`, by layer) and
-    return (conv state, recurrent state). A `stateless` layer (Nemotron-H's MLP layers) reads and
+    return (conv state, recurrent state). A layer that attends and scans in parallel (Falcon-H1's
+    every layer: `hybrid_layers`, among the conv layers) keeps its KV as well: it reads
+    past_key_values.%d.key, .value, then past.%d.conv, .recurrent, and returns (key, value, conv
+    state, recurrent state) in that order. A `stateless` layer (Nemotron-H's MLP layers) reads and
     returns nothing: its `past` entry is None and it returns (). The state names number the layers
     that carry state (`slots`: layer -> number), as onnxruntime-genai numbers what it allocates:
     it gives every layer it counts a KV cache or a conv state, so a stateless layer is not counted."""
@@ -53,13 +56,14 @@ class DecoderIO:
     def create(
         cls, num_layers: int, num_kv_heads: int, head_size: int, io_dtype: np.dtype, windowed_layers=(),
         embeds_width: int | None = None, conv_layers=(), conv_state: tuple[int, int] | None = None,
-        recurrent_state: tuple[int, ...] | None = None, stateless_layers=(),
+        recurrent_state: tuple[int, ...] | None = None, stateless_layers=(), hybrid_layers=(),
     ) -> DecoderIO:
         """`windowed_layers` keep a window-long KV ring buffer (see Target.windowed_kv_cache);
         `embeds_width` (the hidden size) makes the decoder read inputs_embeds instead of input_ids;
         `conv_layers` read a conv state of (channels, length) `conv_state` instead of a KV cache, and
         with `recurrent_state` (its shape less the batch) a recurrent state after it too;
-        `stateless_layers` carry no state at all."""
+        `stateless_layers` carry no state at all; `hybrid_layers` (conv layers too) read their KV
+        cache before those states."""
         windowed, stateless = frozenset(windowed_layers), frozenset(stateless_layers)
         slots = {layer: n for n, layer in enumerate(i for i in range(num_layers) if i not in stateless)}
 
@@ -70,7 +74,9 @@ class DecoderIO:
         conv = {i: _value(PAST_CONV % slots[i], io_dtype, (BATCH, *conv_state)) for i in conv_layers}
         recurrent = {} if recurrent_state is None else {
             i: _value(PAST_RECURRENT % slots[i], io_dtype, (BATCH, *recurrent_state)) for i in conv_layers}
-        past = [None if i in conv or i in stateless else (kv(i, PAST_KEY), kv(i, PAST_VALUE)) for i in range(num_layers)]
+        hybrid = frozenset(hybrid_layers)
+        past = [None if i in stateless or (i in conv and i not in hybrid) else (kv(i, PAST_KEY), kv(i, PAST_VALUE))
+                for i in range(num_layers)]
         embeds = None if embeds_width is None else _value("inputs_embeds", io_dtype, (BATCH, SEQUENCE, embeds_width))
         return cls(
             input_ids=_value("input_ids", np.int64, (BATCH, SEQUENCE)) if embeds is None else None,
@@ -92,8 +98,7 @@ class DecoderIO:
 
     @property
     def inputs(self) -> list[ir.Value]:
-        states = (kv if kv is not None else () if i in self.stateless else (self.conv[i], *self._recurrent(i))
-                  for i, kv in enumerate(self.past))
+        states = ((*(kv or ()), *self._conv(i)) for i, kv in enumerate(self.past))
         return [self.token_input, self.attention_mask, *(v for state in states for v in state)]
 
     def outputs(self, logits: ir.Value, vocab_size: int, presents: list[tuple[ir.Value, ir.Value]]) -> list[ir.Value]:
@@ -103,20 +108,19 @@ class DecoderIO:
         logits.shape = ir.Shape((BATCH, SEQUENCE, vocab_size))
         heads, size = self.kv_dims
         for i, present in enumerate(presents):
+            if self.past[i] is not None:
+                key, value, *present = present
+                for v, pattern in ((key, PRESENT_KEY), (value, PRESENT_VALUE)):
+                    v.name = pattern % self.slots[i]
+                    v.type = ir.TensorType(ir.DataType.from_numpy(self.io_dtype))
+                    v.shape = ir.Shape((BATCH, heads, TOTAL_WINDOW if i in self.windowed_layers else TOTAL, size))
             if i in self.conv:
                 self._name_conv_state(i, *present)
-                continue
-            if i in self.stateless:
-                continue
-            key, value = present
-            for v, pattern in ((key, PRESENT_KEY), (value, PRESENT_VALUE)):
-                v.name = pattern % self.slots[i]
-                v.type = ir.TensorType(ir.DataType.from_numpy(self.io_dtype))
-                v.shape = ir.Shape((BATCH, heads, TOTAL_WINDOW if i in self.windowed_layers else TOTAL, size))
         return [logits, *(v for state in presents for v in state)]
 
-    def _recurrent(self, layer: int) -> tuple[ir.Value, ...]:
-        return (self.recurrent[layer],) if layer in self.recurrent else ()
+    def _conv(self, layer: int) -> tuple[ir.Value, ...]:
+        """A layer's conv state and its recurrent state, those it has."""
+        return tuple(states[layer] for states in (self.conv, self.recurrent) if layer in states)
 
     def _name_conv_state(self, layer: int, state: ir.Value, recurrent: ir.Value | None = None) -> None:
         """Names a conv layer's present state(s): its conv state, and its recurrent state if it has one."""

@@ -249,8 +249,9 @@ def verify(options: BuildOptions, output: Path, folder: Path, quiet: bool = Fals
     embed = _embedder(output, genai, decoder["hidden_size"])
 
     # A hybrid's convolution layers (LFM2) carry a conv state instead of KV, linear-attention and
-    # Mamba layers (Qwen3.5, Granite 4.0) a recurrent state too, Nemotron-H's MLP layers nothing:
-    # zeros of the declared shape first, as genai; KV where the layer has it.
+    # Mamba layers (Qwen3.5, Granite 4.0) a recurrent state too, Falcon-H1's both beside KV,
+    # Nemotron-H's MLP layers nothing: zeros of the declared shape first, as genai; KV where the
+    # layer has it.
     inputs = {i.name for i in session.get_inputs()}
     states = {i.name: [1 if isinstance(d, str) else d for d in i.shape] for i in session.get_inputs()
               if i.name.startswith("past.")}

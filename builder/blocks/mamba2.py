@@ -11,6 +11,7 @@ GraniteMoeHybridMambaLayer is), with the chunked scan (prefill) and selective_st
     S ← S · exp(dt · A) + (dt · x) ⊗ B                   A = −exp(A_log), per head; B, C per group
     y = S · C + D · x
     out_proj(norm(y · silu(z)))                          an RMSNorm over each group's channels
+                                                         (Falcon-H1's may norm y first: norm(y) · silu(z))
 
 The recurrence is the plain gated rule of builder.blocks.linear_recurrence with q = C, k = B,
 v = dt · x and g = dt · A, in float32 (transformers' chunked scan runs in float32). Its state is
@@ -41,7 +42,8 @@ class Mamba2Spec:
     """A Mamba-2 mixer's sizes: `heads` of `head_dim` channels, B and C in `groups` groups of
     `state_size`, a `conv_kernel`-tap conv. `norm_groups`: the groups the gated RMSNorm normalizes
     apart (Granite's and Bamba's: `groups`; Falcon-H1's and Nemotron-H's own keys); `norm` False
-    for a mixer without it (Falcon-H1's `mamba_rms_norm: false` gates only)."""
+    for a mixer without it (Falcon-H1's `mamba_rms_norm: false` gates only); `norm_before_gate`:
+    norm(y) · silu(z) instead of norm(y · silu(z)) (Falcon-H1's `mamba_norm_before_gate`)."""
 
     heads: int
     head_dim: int
@@ -53,6 +55,7 @@ class Mamba2Spec:
     time_step_limit: tuple[float, float] = (0.0, math.inf)
     norm: bool = True
     norm_groups: int | None = None
+    norm_before_gate: bool = False
 
     @property
     def intermediate(self) -> int:
@@ -92,8 +95,12 @@ class Mamba2Weights:
     out_proj_bias: Weight | None = None
 
     @classmethod
-    def read(cls, w, spec: Mamba2Spec, hidden: int, conv_bias: bool, proj_bias: bool) -> Mamba2Weights:
-        """in_proj, conv1d, dt_bias, A_log, D, norm, out_proj under `w` (a builder.architecture.Weights)."""
+    def read(cls, w, spec: Mamba2Spec, hidden: int, conv_bias: bool, proj_bias: bool,
+             out_bias: bool | None = None) -> Mamba2Weights:
+        """in_proj, conv1d, dt_bias, A_log, D, norm, out_proj under `w` (a builder.architecture.Weights);
+        `proj_bias` says whether in_proj has a bias, `out_bias` whether out_proj has one (as
+        in_proj, unless said: Falcon-H1 has a key for each)."""
+        out_bias = proj_bias if out_bias is None else out_bias
         H, P = hidden, spec.intermediate
         return cls(
             in_proj=w("in_proj.weight", spec.projection, H), conv=w("conv1d.weight", spec.conv_dim, 1, spec.conv_kernel),
@@ -101,22 +108,19 @@ class Mamba2Weights:
             out_proj=w("out_proj.weight", H, P), norm=w("norm.weight", P) if spec.norm else None,
             conv_bias=w("conv1d.bias", spec.conv_dim) if conv_bias else None,
             in_proj_bias=w("in_proj.bias", spec.projection) if proj_bias else None,
-            out_proj_bias=w("out_proj.bias", H) if proj_bias else None,
+            out_proj_bias=w("out_proj.bias", H) if out_bias else None,
         )
 
 
 def mamba2_mixer(
     g: Graph, h: ir.Value, w: Mamba2Weights, spec: Mamba2Spec, conv_past: ir.Value, ssm_past: ir.Value,
-    pad: Padding, target: Target, projected=None,
+    pad: Padding, target: Target,
 ) -> tuple[ir.Value, ir.Value, ir.Value]:
     """The mixer on h (B, S, hidden); returns (its output, the present conv state, the present SSM
-    state). `projected(zxbcdt)`: what a family does to in_proj's output before it is split
-    (Falcon-H1's per-segment multipliers)."""
+    state)."""
     dtype = target.io_dtype
     with g.scope("in_proj"):
         zxbcdt = linear(g, h, w.in_proj, target, w.in_proj_bias)
-    if projected is not None:
-        zxbcdt = projected(zxbcdt)
     z, xbc, dt = g.op.Split(zxbcdt, g.constant([spec.intermediate, spec.conv_dim, spec.heads], "int64"), axis=-1,
                             _outputs=3)
     xbc, conv_present = causal_conv(g, xbc, conv_past, w.conv, w.conv_bias, pad, target, scope="conv1d")
@@ -173,13 +177,15 @@ def _time_step(g: Graph, dt: ir.Value, limit: tuple[float, float]) -> ir.Value:
 
 def _gated_norm(g: Graph, y: ir.Value, z: ir.Value, weight: Weight | None, spec: Mamba2Spec,
                 target: Target) -> ir.Value:
-    """MambaRMSNormGated with norm_before_gate=False, in float32 (y is): weight · RMSNorm(y · silu(z))
-    over each of the norm's groups of channels; only the gate where the mixer has no norm. Returns
-    the IO dtype."""
+    """MambaRMSNormGated, in float32 (y is): weight · RMSNorm(y · silu(z)) over each of the norm's
+    groups of channels, or weight · RMSNorm(y) · silu(z) with `spec.norm_before_gate`; only the
+    gate where the mixer has no norm. Returns the IO dtype."""
     dtype = np.dtype(target.io_dtype)
     if dtype != np.float32:
         z = g.op.Cast(z, to=ir.DataType.FLOAT)
-    x = g.op.Mul(y, activation(g, z, "silu"))
+    gate = activation(g, z, "silu")
+    after = weight is not None and spec.norm_before_gate
+    x = y if after else g.op.Mul(y, gate)
     if weight is not None:
         groups, scale = spec.norm_groups or spec.groups, g.weight("weight", weight.astype(np.float32))
         if groups == 1:
@@ -190,6 +196,8 @@ def _gated_norm(g: Graph, y: ir.Value, z: ir.Value, weight: Weight | None, spec:
             x = g.op.SimplifiedLayerNormalization(x, g.constant(np.ones(size, np.float32)), axis=-1,
                                                   epsilon=float(spec.eps), stash_type=1)
             x = g.op.Mul(g.op.Reshape(x, g.constant([0, 0, spec.intermediate], "int64")), scale)
+    if after:
+        x = g.op.Mul(x, gate)
     return x if dtype == np.float32 else g.op.Cast(x, to=ir.DataType.from_numpy(dtype))
 
 
