@@ -436,6 +436,24 @@ QWEN3_NEXT_80B_A3B = {
     "tie_word_embeddings": False, "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16",
 }
 
+# tiiuae/Falcon-H1-1.5B-Instruct's shapes, from memory (not checked against the hub): 24 layers, each
+# Mamba-2 (24 heads of 64 over mamba_d_ssm 1536, one group, state 256) beside GQA attention (8 query
+# heads of 128, 2 KV heads), a SwiGLU of 8192; μP multipliers away from 1 (values illustrative).
+FALCON_H1_1_5B = {
+    "architectures": ["FalconH1ForCausalLM"], "model_type": "falcon_h1", "vocab_size": 65537, "hidden_size": 2048,
+    "intermediate_size": 8192, "num_hidden_layers": 24, "num_attention_heads": 8, "num_key_value_heads": 2,
+    "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+    "rope_theta": 100000000000.0, "mamba_d_ssm": 1536, "mamba_n_heads": 24, "mamba_d_head": 64,
+    "mamba_n_groups": 1, "mamba_d_state": 256, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_chunk_size": 256,
+    "mamba_conv_bias": True, "mamba_proj_bias": False, "mamba_rms_norm": True, "mamba_norm_before_gate": False,
+    "projectors_bias": False, "attention_bias": False, "mlp_bias": False, "embedding_multiplier": 5.656854,
+    "lm_head_multiplier": 0.0390625, "key_multiplier": 0.390625, "attention_in_multiplier": 1.0,
+    "attention_out_multiplier": 0.9375, "ssm_in_multiplier": 1.25, "ssm_out_multiplier": 0.23570226,
+    "mlp_multipliers": [0.8838834764831844, 0.5859375],
+    "ssm_multipliers": [0.3535533905932738, 0.25, 0.3535533905932738, 0.5, 0.3535533905932738],
+    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 11, "pad_token_id": 0, "torch_dtype": "bfloat16",
+}
+
 PRESETS: dict[str, dict] = {
     "Llama-3.2-1B": LLAMA_3_2_1B,
     "Llama-3.1-8B": LLAMA_3_1_8B,
@@ -478,6 +496,7 @@ PRESETS: dict[str, dict] = {
     "granite-4.0-h-tiny": GRANITE_4_0_H_TINY,
     "NVIDIA-Nemotron-Nano-9B-v2": NEMOTRON_NANO_9B_V2,
     "Qwen3-Next-80B-A3B-Instruct": QWEN3_NEXT_80B_A3B,
+    "Falcon-H1-1.5B-Instruct": FALCON_H1_1_5B,
 }
 
 
@@ -1087,6 +1106,28 @@ def qwen3_next_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     yield "lm_head.weight", (c["vocab_size"], H)
 
 
+def falcon_h1_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Falcon-H1: per layer input_layernorm, mamba.* beside self_attn.*, pre_ff_layernorm and the SwiGLU feed_forward."""
+    H, V, n, I = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"], c["intermediate_size"]
+    heads, kv, D = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    inner = c["mamba_d_ssm"] or c["mamba_expand"] * H
+    yield "model.embed_tokens.weight", (V, H)
+    for i in range(n):
+        p = f"model.layers.{i}."
+        yield p + "input_layernorm.weight", (H,)
+        yield p + "pre_ff_layernorm.weight", (H,)
+        mamba = _mamba2_tensors(p + "mamba.", H, c["mamba_n_heads"], inner // c["mamba_n_heads"], c["mamba_n_groups"],
+                                c["mamba_d_state"], c["mamba_d_conv"], c["mamba_conv_bias"], c["mamba_proj_bias"])
+        yield from ((name, shape) for name, shape in mamba if c["mamba_rms_norm"] or not name.endswith("norm.weight"))
+        yield from ((p + f"self_attn.{w}.weight", shape) for w, shape in (
+            ("q_proj", (heads * D, H)), ("k_proj", (kv * D, H)), ("v_proj", (kv * D, H)), ("o_proj", (H, heads * D))))
+        yield from ((p + f"feed_forward.{w}.weight", shape) for w, shape in
+                    (("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I))))
+    yield "model.final_layernorm.weight", (H,)
+    if not c.get("tie_word_embeddings"):
+        yield "lm_head.weight", (V, H)
+
+
 TENSORS = {
     "llama": llama_tensors, "mistral": llama_tensors, "qwen2": llama_tensors, "qwen3": llama_tensors,
     "granite": llama_tensors, "smollm3": llama_tensors, "seed_oss": llama_tensors, "ernie4_5": llama_tensors,
@@ -1101,7 +1142,7 @@ TENSORS = {
     "dots1": dots1_tensors,
     "apertus": apertus_tensors, "lfm2": lfm2_tensors, "lfm2_moe": lfm2_moe_tensors,
     "qwen3_5_text": qwen3_5_tensors, "granitemoehybrid": granitemoehybrid_tensors, "nemotron_h": nemotron_h_tensors,
-    "qwen3_next": qwen3_next_tensors,
+    "qwen3_next": qwen3_next_tensors, "falcon_h1": falcon_h1_tensors,
 }
 
 
@@ -1165,7 +1206,8 @@ SHRINK = {"vocab_size": 512, "hidden_size": 128, "intermediate_size": 256, "num_
           "moe_num_experts": 4, "moe_k": 2, "n_routed_experts": 4, "num_local_experts": 4,
           "mamba_n_heads": 8, "mamba_d_state": 16, "mamba_num_heads": 8, "mamba_head_dim": 16, "ssm_state_size": 16,
           "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 32,
-          "linear_value_head_dim": 32, "shared_expert_intermediate_size": 128, "shared_intermediate_size": 128}
+          "linear_value_head_dim": 32, "shared_expert_intermediate_size": 128, "shared_intermediate_size": 128,
+          "mamba_d_ssm": 512}
 
 
 def shrunk(config: dict) -> dict:
