@@ -63,7 +63,8 @@ def staged_folder(final: Path, overwrite: bool, inputs: Iterable[Path] = (),
         staging, published = None, False
         try:
             try:
-                staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=final.parent))
+                with _signals_deferred():  # a signal between the folder's creation and its naming would leave it
+                    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-", dir=final.parent))
                 staging.chmod(0o777 & ~_umask())  # mkdtemp makes 0700; the output follows the umask like mkdir
                 (staging / STAGING_MARKER).write_text(f"{os.getpid()}\n")
             except OSError as e:

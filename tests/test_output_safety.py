@@ -313,6 +313,26 @@ def test_sigterm_is_an_interruption_that_leaves_nothing(slow_checkpoint, tmp_pat
     assert list(out.parent.iterdir()) == []
 
 
+def test_a_signal_as_the_staging_folder_is_made_leaves_nothing(tmp_path, capsys, monkeypatch):
+    # SIGTERM right after mkdtemp made the folder, before the build named it: it was left behind
+    # (test_sigterm_is_an_interruption_that_leaves_nothing failed so now and then on a busy machine).
+    import tempfile
+
+    made = tempfile.mkdtemp
+
+    def mkdtemp_then_signalled(*args, **kwargs):
+        folder = made(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # handled at the next bytecode, inside this call
+        return folder
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp_then_signalled)
+    out = tmp_path / "parent" / "out"
+    out.parent.mkdir()
+    rc, err = run(capsys, "-m", EXAMPLE, "-o", out, "-q", "-p", "fp32")
+    assert rc == 143 and err == "error: interrupted; nothing was written\n"
+    assert list(out.parent.iterdir()) == []
+
+
 def test_what_a_killed_build_leaves_is_removed_by_the_next_build(slow_checkpoint, tmp_path, capsys):
     out = tmp_path / "out"
     rc, _, _ = signalled_mid_build(slow_checkpoint, out, signal.SIGKILL)
