@@ -152,7 +152,9 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
 
 
 def _source_bytes(checkpoint: Checkpoint, sources: dict[str, tuple[str, ...]]) -> dict[str, list[int]]:
-    return {name: [checkpoint.info(s).nbytes for s in srcs] for name, srcs in sources.items()}
+    """The bytes of each checkpoint tensor each initializer reads, each tensor once: a stack of
+    experts sliced from one stored [E, ...] tensor maps it once, not once per expert."""
+    return {name: [checkpoint.info(s).nbytes for s in dict.fromkeys(srcs)] for name, srcs in sources.items()}
 
 
 def genai_json(p: Plan, options: BuildOptions) -> dict[str, Any]:
