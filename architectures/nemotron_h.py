@@ -1,13 +1,19 @@
-"""NVIDIA Nemotron-H (NemotronHForCausalLM: Nemotron-H 4B/8B/47B/56B, Nemotron Nano 9B/12B v2): one
-mixer per layer, a Mamba-2 mixer, an attention or a plain relu² MLP, as `hybrid_override_pattern`
-says ("M", "*", "-"; "E", the experts of Nemotron 3, is refused below).
+"""NVIDIA Nemotron-H (NemotronHForCausalLM: Nemotron-H 4B/8B/47B/56B, Nemotron Nano 9B/12B v2,
+Nemotron 3): one mixer per layer, a Mamba-2 mixer, an attention, a plain relu² MLP or a mixture of
+relu² experts, as `hybrid_override_pattern` says ("M", "*", "-", "E").
 
 Reference: transformers/models/nemotron_h/{configuration,modeling}_nemotron_h.py. Each layer is
 x + mixer(norm(x)) with one RMSNorm (`layers.{i}.norm`); the Mamba-2 mixer is
 builder.blocks.mamba2's with intermediate mamba_num_heads · mamba_head_dim (`expand` unused),
 `use_bias` on in_proj and out_proj, and dt clamped to [time_step_min, ∞) in prefill only (as
 transformers' chunked scan; its one-token update does not clamp); attention has no rotary at all
-(NoPE), no biases, `head_dim` from config.json; the MLP is down_proj(relu(up_proj(x))²).
+(NoPE), no biases, `head_dim` from config.json; the MLP is down_proj(relu(up_proj(x))²). The
+experts (NemotronHMoE) are such MLPs, `moe_intermediate_size` wide, chosen by GLM-4.5's grouped
+sigmoid router with its correction bias (builder.blocks.moe.grouped_sigmoid_router), between the
+optional latent projections `fc1_latent_proj` / `fc2_latent_proj`, plus the shared relu² MLP
+`shared_experts`. ONNX Runtime's MoE/QMoE have no relu² and, on CPU, no FC3: the experts run as
+its SwiGLU with the up matrix as both gate and up and a steep sigmoid (builder.blocks.moe's
+RELU_SQUARED_ALPHA: relu(u)² to 5e-9), which stores each expert's up matrix twice.
 The embeddings are `embeddings`, the final norm `norm_f`, under `backbone.` in the hub's
 checkpoints (`model.` where transformers saved them).
 
@@ -25,7 +31,9 @@ from typing import Any, ClassVar
 
 from builder.architecture import Weights, attention_weights, vocabulary
 from builder.blocks import AttentionSpec, plain_mlp, self_attention
+from builder.blocks.linear import linear
 from builder.blocks.mamba2 import Mamba2Spec, Mamba2Weights, mamba2_mixer
+from builder.blocks.moe import RELU_SQUARED_ALPHA, grouped_sigmoid_router, routed_experts, unstacked
 from builder.blocks.short_conv import padding
 from builder.decoder_config import DecoderConfig
 from builder.errors import BuildError
@@ -54,7 +62,7 @@ class NemotronHConfig(DecoderConfig):
     """config.json of Nemotron-H: the shared decoder keys and its own (NemotronHConfig's defaults);
     `layer_types` comes from hybrid_override_pattern or layers_block_type (parse_config)."""
 
-    LAYER_TYPES: ClassVar[tuple[str, ...]] = (MAMBA, ATTENTION, MLP)
+    LAYER_TYPES: ClassVar[tuple[str, ...]] = (MAMBA, ATTENTION, MLP, MOE)
 
     mlp_hidden_act: str = "relu2"
     mlp_bias: bool = False
@@ -69,6 +77,15 @@ class NemotronHConfig(DecoderConfig):
     chunk_size: int = 128
     use_bias: bool = False
     layer_norm_epsilon: float = 1e-5
+    n_routed_experts: int = 8
+    num_experts_per_tok: int = 2
+    moe_intermediate_size: int = 7688
+    moe_shared_expert_intermediate_size: int = 7688
+    moe_latent_size: int | None = None
+    routed_scaling_factor: float = 1.0
+    n_group: int = 1
+    topk_group: int = 1
+    norm_topk_prob: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "rms_norm_eps", self.layer_norm_epsilon)
@@ -76,6 +93,12 @@ class NemotronHConfig(DecoderConfig):
             raise ValueError(f"n_groups ({self.n_groups}) must divide mamba_num_heads ({self.mamba_num_heads})")
         if self.conv_kernel < 2:
             raise ValueError(f"conv_kernel {self.conv_kernel}: the convolution needs at least 2 taps")
+        if self.n_routed_experts % self.n_group or not 0 < self.topk_group <= self.n_group:
+            raise ValueError(f"n_group ({self.n_group}) must divide n_routed_experts ({self.n_routed_experts}) "
+                             f"and topk_group ({self.topk_group}) be 1 to n_group")
+        if self.num_experts_per_tok > self.n_routed_experts:
+            raise ValueError(f"num_experts_per_tok ({self.num_experts_per_tok}) is more than n_routed_experts "
+                             f"({self.n_routed_experts})")
         super().__post_init__()
 
     @property
@@ -91,7 +114,7 @@ class NemotronHConfig(DecoderConfig):
 
     @property
     def stateless_layers(self) -> list[int]:
-        return [i for i, kind in enumerate(self.layer_types) if kind == MLP]
+        return [i for i, kind in enumerate(self.layer_types) if kind in (MLP, MOE)]
 
     @property
     def conv_state(self) -> tuple[int, int]:
@@ -116,11 +139,7 @@ def layer_types(raw: dict[str, Any]) -> list[str]:
         types = [MAMBA, MOE, ATTENTION, MLP]
     if not isinstance(types, list) or not all(isinstance(t, str) for t in types) or not types:
         raise BuildError(f"config.json: layers_block_type is {types!r}; expected a list of layer kinds")
-    types = [LEGACY.get(t, t) for t in types]
-    if MOE in types:
-        raise BuildError("Nemotron-H's mixture-of-experts layers ('E' in hybrid_override_pattern) are not built: "
-                         "their experts are relu² MLPs, and ONNX Runtime 1.31's MoE and QMoE have no relu² activation")
-    return types
+    return [LEGACY.get(t, t) for t in types]
 
 
 def parse_config(family: Family, raw: dict[str, Any], architecture: str) -> NemotronHConfig:
@@ -133,7 +152,8 @@ def parse_config(family: Family, raw: dict[str, Any], architecture: str) -> Nemo
 
 
 def mixer(d: Decoder, w: Weights, i: int, h):
-    """NemotronHMamba2Mixer, NemotronHAttention or NemotronHMLP on the normed h; returns (output, state)."""
+    """NemotronHMamba2Mixer, NemotronHAttention, NemotronHMLP or NemotronHMoE on the normed h;
+    returns (output, state)."""
     g, c = d.g, d.c
     kind = c.layer_types[i]
     if kind == MAMBA:
@@ -144,10 +164,54 @@ def mixer(d: Decoder, w: Weights, i: int, h):
         spec = AttentionSpec(c.num_attention_heads, c.num_key_value_heads, c.head_dim)
         y, key, value = self_attention(g, h, d.past(i), d.lengths, None, attention_weights(w, c), spec, d.target)
         return y, (key, value)
-    H, I = c.hidden_size, c.intermediate_size
-    biases = (w("up_proj.bias", I), w("down_proj.bias", H)) if c.mlp_bias else (None, None)
-    return plain_mlp(g, h, w("up_proj.weight", I, H), w("down_proj.weight", H, I), c.mlp_hidden_act, d.target,
-                     biases), ()
+    if kind == MOE:
+        return experts(d, w, h), ()
+    return relu2_mlp(d, w, h, c.intermediate_size), ()
+
+
+def relu2_mlp(d: Decoder, w: Weights, h, size: int):
+    """NemotronHMLP: down_proj(relu(up_proj(h))²), biased with mlp_bias."""
+    c, H = d.c, d.c.hidden_size
+    biases = (w("up_proj.bias", size), w("down_proj.bias", H)) if c.mlp_bias else (None, None)
+    return plain_mlp(d.g, h, w("up_proj.weight", size, H), w("down_proj.weight", H, size), c.mlp_hidden_act, d.target,
+                     biases)
+
+
+def expert_matrices(w: Weights, count: int, width: int, inter: int):
+    """Each expert's (up, down): the hub's per-expert `experts.{e}.up_proj` / `down_proj`, or the
+    stacked [E, I, width] / [E, width, I] `experts.up_proj` / `experts.down_proj` transformers saves."""
+    if w.prefix + "experts.up_proj" in w.ckpt:
+        return (unstacked(w("experts.up_proj", count, inter, width)),
+                unstacked(w("experts.down_proj", count, width, inter)))
+    each = [w.under(f"experts.{e}.") for e in range(count)]
+    return [x("up_proj.weight", inter, width) for x in each], [x("down_proj.weight", width, inter) for x in each]
+
+
+def experts(d: Decoder, w: Weights, h):
+    """NemotronHMoE.forward: the routed relu² experts (between the latent projections, when the
+    model has them) plus the shared relu² MLP."""
+    g, c = d.g, d.c
+    H, E, latent = c.hidden_size, c.n_routed_experts, c.moe_latent_size
+    if c.mlp_hidden_act != "relu2":
+        raise BuildError(f"Nemotron-H experts with mlp_hidden_act {c.mlp_hidden_act!r}: builder builds relu2 experts")
+    with g.scope("gate"):
+        logits, index, weight = grouped_sigmoid_router(
+            g, h, w("gate.weight", E, H), w("gate.e_score_correction_bias", E), c.num_experts_per_tok, c.n_group,
+            c.topk_group, c.norm_topk_prob, c.routed_scaling_factor, d.target)
+    x = h
+    if latent is not None:
+        with g.scope("fc1_latent_proj"):
+            x = linear(g, h, w("fc1_latent_proj.weight", latent, H), d.target,
+                       w("fc1_latent_proj.bias", latent) if c.mlp_bias else None)
+    up, down = expert_matrices(w, E, latent or H, c.moe_intermediate_size)
+    y = routed_experts(g, x, logits, index, weight, c.num_experts_per_tok, up, up, down, d.target, RELU_SQUARED_ALPHA)
+    if latent is not None:
+        with g.scope("fc2_latent_proj"):
+            y = linear(g, y, w("fc2_latent_proj.weight", H, latent), d.target,
+                       w("fc2_latent_proj.bias", H) if c.mlp_bias else None)
+    with g.scope("shared_experts"):
+        shared = relu2_mlp(d, w.under("shared_experts."), h, c.moe_shared_expert_intermediate_size)
+    return g.op.Add(y, shared)
 
 
 def decoder_layer(d: Decoder, w: Weights, i: int):

@@ -454,6 +454,24 @@ FALCON_H1_1_5B = {
     "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 11, "pad_token_id": 0, "torch_dtype": "bfloat16",
 }
 
+# nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B's shapes, from memory (not checked against the hub; the
+# pattern is approximate): 52 layers of Mamba-2 (64 heads of 64, 8 groups, state 128), experts
+# (128 relu² experts of 1856, top 6, a shared one of 3712) and six attention layers (32 query heads
+# of 128, 2 KV heads, no rotary).
+NEMOTRON_3_NANO_30B_A3B = {
+    "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "vocab_size": 131072, "hidden_size": 2688,
+    "intermediate_size": 1856, "num_hidden_layers": 52, "num_attention_heads": 32, "num_key_value_heads": 2,
+    "head_dim": 128, "max_position_embeddings": 262144, "layer_norm_epsilon": 1e-5, "mlp_hidden_act": "relu2",
+    "mamba_num_heads": 64, "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4,
+    "chunk_size": 128, "use_conv_bias": True, "use_bias": False, "time_step_min": 0.001,
+    "n_routed_experts": 128, "num_experts_per_tok": 6, "moe_intermediate_size": 1856,
+    "moe_shared_expert_intermediate_size": 3712, "n_group": 1, "topk_group": 1, "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "hybrid_override_pattern": "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+    "torch_dtype": "bfloat16",
+}
+
 PRESETS: dict[str, dict] = {
     "Llama-3.2-1B": LLAMA_3_2_1B,
     "Llama-3.1-8B": LLAMA_3_1_8B,
@@ -497,6 +515,7 @@ PRESETS: dict[str, dict] = {
     "NVIDIA-Nemotron-Nano-9B-v2": NEMOTRON_NANO_9B_V2,
     "Qwen3-Next-80B-A3B-Instruct": QWEN3_NEXT_80B_A3B,
     "Falcon-H1-1.5B-Instruct": FALCON_H1_1_5B,
+    "NVIDIA-Nemotron-3-Nano-30B-A3B": NEMOTRON_3_NANO_30B_A3B,
 }
 
 
@@ -1055,7 +1074,7 @@ def granitemoehybrid_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
 
 def nemotron_h_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     """Nemotron-H, under the hub's backbone.* names: per layer its norm and one mixer (Mamba-2,
-    attention, or the relu² MLP's up_proj/down_proj) by hybrid_override_pattern."""
+    attention, the relu² MLP's up_proj/down_proj, or relu² experts) by hybrid_override_pattern."""
     H, V, I = c["hidden_size"], c["vocab_size"], c["intermediate_size"]
     heads, kv, D = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
     yield "backbone.embeddings.weight", (V, H)
@@ -1068,6 +1087,15 @@ def nemotron_h_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
         elif kind == "*":
             yield from ((p + f"mixer.{w}.weight", shape) for w, shape in (
                 ("q_proj", (heads * D, H)), ("k_proj", (kv * D, H)), ("v_proj", (kv * D, H)), ("o_proj", (H, heads * D))))
+        elif kind == "E":  # the router and its bias, per-expert relu² MLPs, the shared MLP
+            E, M, S = c["n_routed_experts"], c["moe_intermediate_size"], c["moe_shared_expert_intermediate_size"]
+            yield p + "mixer.gate.weight", (E, H)
+            yield p + "mixer.gate.e_score_correction_bias", (E,)
+            for e in range(E):
+                yield p + f"mixer.experts.{e}.up_proj.weight", (M, H)
+                yield p + f"mixer.experts.{e}.down_proj.weight", (H, M)
+            yield p + "mixer.shared_experts.up_proj.weight", (S, H)
+            yield p + "mixer.shared_experts.down_proj.weight", (H, S)
         else:
             yield from ((p + f"mixer.{w}.weight", shape) for w, shape in (("up_proj", (I, H)), ("down_proj", (H, I))))
     yield "backbone.norm_f.weight", (H,)
@@ -1204,6 +1232,7 @@ SHRINK = {"vocab_size": 512, "hidden_size": 128, "intermediate_size": 256, "num_
           "max_position_embeddings": 256, "original_max_position_embeddings": 64,
           "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128, "max_window_layers": 3,
           "moe_num_experts": 4, "moe_k": 2, "n_routed_experts": 4, "num_local_experts": 4,
+          "moe_shared_expert_intermediate_size": 128,
           "mamba_n_heads": 8, "mamba_d_state": 16, "mamba_num_heads": 8, "mamba_head_dim": 16, "ssm_state_size": 16,
           "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 32,
           "linear_value_head_dim": 32, "shared_expert_intermediate_size": 128, "shared_intermediate_size": 128,

@@ -234,9 +234,6 @@ def test_transformers_default_configs_still_parse():
     skipped.add("Dots1ForCausalLM")
     # Lfm2MoeConfig's default has no layer_types, without which transformers' model cannot be built.
     skipped.add("Lfm2MoeForCausalLM")
-    # NemotronHConfig's default pattern has a mixture-of-experts layer ("moe"), refused in one line
-    # (its relu² experts have no ONNX Runtime MoE form).
-    skipped.add("NemotronHForCausalLM")
     for arch in sorted(set(architectures.ARCHITECTURES) - skipped):
         cls = getattr(transformers, arch.replace("ForCausalLM", "Config").replace("ForConditionalGeneration", "Config"))
         raw = {**json.loads(cls().to_json_string(use_diff=False)), "architectures": [arch]}

@@ -79,18 +79,58 @@ def test_hub_layout_and_spellings(tmp_path):
     assert_steps_match(out, load(reference))
 
 
-def test_experts_are_refused_in_one_line(tmp_path, capsys):
-    from builder.cli import main
+# Every kind again, the experts' layer among them: 8 relu² experts in 2 groups of which the router
+# keeps the best one (n_group / topk_group), top 2 normalized and scaled, beside the shared MLP; with
+# `latent`, the experts work in a 32-wide latent space between fc1/fc2_latent_proj.
+EXPERTS = dict(layers_block_type=["linear_attention", "moe", "full_attention", "moe"], n_routed_experts=8,
+               num_experts_per_tok=2, moe_intermediate_size=64, moe_shared_expert_intermediate_size=40, n_group=2,
+               topk_group=1, routed_scaling_factor=2.5, norm_topk_prob=True)
 
-    source = make(tmp_path / "src")
-    config = json.loads((source / "config.json").read_text())
-    config["layers_block_type"] = ["linear_attention", "moe", "full_attention", "mlp"]
-    (source / "config.json").write_text(json.dumps(config))
-    capsys.readouterr()
-    assert main(["-m", str(source), "-o", str(tmp_path / "out"), "-q"]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "relu²" in err[0]
-    assert not (tmp_path / "out").exists()
+
+def make_experts(folder, **overrides):
+    make(folder, **{**EXPERTS, **overrides})
+    tensors = load_file(folder / "model.safetensors")
+    rng = np.random.default_rng(2)
+    for key, value in tensors.items():  # a sigmoid router scaled up saturates (ties): the bias spreads it
+        if key.endswith("e_score_correction_bias"):
+            tensors[key] = rng.standard_normal(value.shape).astype(value.dtype)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+@pytest.fixture(scope="module", params=[None, 32], ids=["experts", "latent-experts"])
+def experts_source(request, tmp_path_factory):
+    return make_experts(tmp_path_factory.mktemp("nemotron_h_moe"), moe_latent_size=request.param)
+
+
+def test_experts_fp32_prefill_and_decode_match_transformers(experts_source, tmp_path):
+    # ONNX Runtime's MoE has no relu²: u·σ(10⁴u)·u through its SwiGLU with up as both halves.
+    assert_steps_match(build(experts_source, tmp_path / "out", "-p", "fp32"), load(experts_source))
+
+
+def test_experts_int4_matches_fake_quantized_transformers(experts_source, tmp_path):
+    from fake_quant import fake_quantize
+
+    out = build(experts_source, tmp_path / "out", "-p", "int4", "--accuracy-level", "0", "--quant-method", "rtn",
+                "--symmetric")
+    model = load(experts_source)
+    with torch.no_grad():  # every Linear, and each stored expert alone; the router is no Linear
+        for name, p in model.named_parameters():
+            if ".experts." in name:
+                for e in range(p.shape[0]):
+                    p[e].copy_(fake_quantize(p[e], 4, 32, True))
+    fake_quantize_model(model, 4, 32, True)
+    assert_steps_match(out, model, tolerance=1e-3, min_cosine=0.999)
+
+
+def test_experts_genai_greedy_and_ragged_batch_match_transformers(experts_source, tmp_path):
+    from test_genai import MAX_LENGTH, assert_same_greedy
+    from test_sliding_windows import assert_rows_match, genai_generate
+
+    out = build(experts_source, tmp_path / "out", "-p", "fp32")
+    assert_same_greedy(out, experts_source, GENAI_PROMPT)
+    generated = genai_generate(out, RAGGED, MAX_LENGTH)
+    assert_rows_match(load(experts_source), RAGGED, generated, MAX_LENGTH - max(map(len, RAGGED)))
 
 
 def test_state_contract(source, tmp_path):

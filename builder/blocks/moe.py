@@ -167,21 +167,31 @@ def sparse_moe(
 
 
 def routed_experts(g: Graph, x: ir.Value, scores: ir.Value, index: ir.Value, weight: ir.Value, top_k: int,
-                   gate: Sequence[Weight], up: Sequence[Weight], down: Sequence[Weight], target: Target) -> ir.Value:
+                   gate: Sequence[Weight], up: Sequence[Weight], down: Sequence[Weight], target: Target,
+                   alpha: float = 1.0) -> ir.Value:
     """Σ_j weight_j · expert_{index_j}(x) for a router the fused operator cannot compute itself,
     built by the caller from standard operators: `index` (B, S, k) int64 and `weight` (B, S, k) >
     0, `scores` (B, S, E) only for its shape. The operator is fed logits that are log(weight) at the
     chosen experts and −10⁴ elsewhere: its softmax, top-k and renormalization then give back
-    weight_j / Σ weight (to rounding), and the sum Σ weight is multiplied in after."""
+    weight_j / Σ weight (to rounding), and the sum Σ weight is multiplied in after.
+
+    Each expert is down(a · σ(alpha · a) · b) with a = gate(x), b = up(x): SwiGLU at alpha 1.
+    Experts that are down(relu(up(x))²) (Nemotron-H's; the CPU kernels have no relu² and no FC3)
+    pass `up` as both and RELU_SQUARED_ALPHA: u · σ(10⁴ · u) · u is relu(u)² to 0.5 · 10⁻⁸
+    absolute (at |u| ≈ 2·10⁻⁴), for twice the up matrix's bytes."""
     E = len(gate)
     with g.scope("routing"):
         floor = g.op.Expand(g.constant(-1e4, target.io_dtype), g.op.Shape(scores))  # (B, S, E)
         chosen = g.op.ScatterElements(floor, index, g.op.Log(weight), axis=-1)  # (B, S, E)
         logits = g.op.Reshape(chosen, g.constant([-1, E], "int64"))  # (B·S, E)
         mass = g.op.ReduceSum(weight, g.constant([-1], "int64"), keepdims=1)  # (B, S, k) -> (B, S, 1)
-    attributes = dict(k=top_k, activation_type="swiglu", swiglu_fusion=1, activation_alpha=1.0,
+    attributes = dict(k=top_k, activation_type="swiglu", swiglu_fusion=1, activation_alpha=alpha,
                       activation_beta=0.0, normalize_routing_weights=1)
     return g.op.Mul(_experts(g, x, logits, gate, up, down, attributes, target), mass)  # (B, S, H) · (B, S, 1)
+
+
+# SwiGLU's sigmoid slope that makes u · σ(αu) · u relu(u)² (routed_experts); finite in fp16.
+RELU_SQUARED_ALPHA = 1e4
 
 
 def grouped_sigmoid_router(g: Graph, x: ir.Value, router: Weight, bias: Weight, top_k: int, n_group: int,
@@ -267,5 +277,5 @@ def _experts(g: Graph, x: ir.Value, logits: ir.Value, gate: Sequence[Weight], up
         return g.ms.MoE(x, logits, w1, None, w2, **attributes)
 
 
-__all__ = ["expert_block_size", "grouped_sigmoid_router", "quantized_experts", "routed_experts", "sparse_moe",
+__all__ = ["RELU_SQUARED_ALPHA", "expert_block_size", "grouped_sigmoid_router", "quantized_experts", "routed_experts", "sparse_moe",
            "sparsemixer", "stacked", "stacked_gate_up", "unstacked"]
