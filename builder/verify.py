@@ -165,8 +165,11 @@ def _round_stacked_experts(name: str, module, target, config) -> None:
     symmetry (gpt-oss's experts: symmetric always). transformers 5 keeps these as 3-D parameters,
     [E, 2I, H] and [E, H, I], or [E, H, 2I] and [E, I, H] where the module says `is_transposed`
     (gpt-oss: x @ W). Row order within a matrix (gate/up concatenated or interleaved) does not
-    matter to a row-wise rounding."""
+    matter to a row-wise rounding. Nemotron-H's relu² experts have `up_proj` [E, I, H] in
+    gate_up_proj's place."""
     up, down = getattr(module, "gate_up_proj", None), getattr(module, "down_proj", None)
+    if not _is_3d(up):
+        up = getattr(module, "up_proj", None)
     if not (_is_3d(up) and _is_3d(down)) or any(part in name for part in FLOAT_TOWERS):
         return
     if not target.quantizes(_graph_path(name), (name,)):

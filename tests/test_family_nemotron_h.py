@@ -123,6 +123,15 @@ def test_experts_int4_matches_fake_quantized_transformers(experts_source, tmp_pa
     assert_steps_match(out, model, tolerance=1e-3, min_cosine=0.999)
 
 
+def test_experts_int4_verify_rounds_the_experts_as_the_build(experts_source, tmp_path, capsys):
+    # --verify's reference rounded stacked gate_up_proj only: Nemotron-H's 3-D up_proj stayed float
+    # and an int4 --verify of a correct build failed at cosine 0.991.
+    from builder.cli import main
+
+    rc = main(["-m", str(experts_source), "-o", str(tmp_path / "out"), "-p", "int4", "--verify"])
+    assert rc == 0, capsys.readouterr().err
+
+
 def test_experts_genai_greedy_and_ragged_batch_match_transformers(experts_source, tmp_path):
     from test_genai import MAX_LENGTH, assert_same_greedy
     from test_sliding_windows import assert_rows_match, genai_generate
