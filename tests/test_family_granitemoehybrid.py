@@ -4,6 +4,8 @@ against fake quantization, onnxruntime-genai's greedy generation (one prompt, an
 lengths in a batch), and the state contract."""
 
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -18,6 +20,9 @@ from test_family_moe import fake_quantize_experts
 from test_family_moe2 import ROUTER_SCALE
 
 from builder.options import PRECISION_DEFAULTS
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from recurrence_speed import recurrence_session  # noqa: E402
 
 # Both layer kinds (a Mamba layer first and last); 3 query heads over 1 KV head; 6 Mamba heads of
 # 32 channels in 2 groups of B and C (so the gated norm normalizes two groups apart), a 4-tap conv
@@ -147,27 +152,6 @@ def test_genai_batch_of_different_lengths_matches_transformers(source, tmp_path)
     out = build(source, tmp_path / "out", "-p", "fp32")
     generated = genai_generate(out, RAGGED, MAX_LENGTH)
     assert_rows_match(load(source), RAGGED, generated, MAX_LENGTH - max(map(len, RAGGED)))
-
-
-def recurrence_session(fused: bool, heads):
-    """An ONNX Runtime session of builder.blocks.linear_recurrence's plain gated rule alone (no β)."""
-    import onnx_ir as ir
-
-    from builder.blocks.linear_recurrence import linear_recurrence
-    from builder.graph import Graph
-
-    def value(name, *dims):
-        return ir.Value(name=name, type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(("B", "S", *dims)))
-
-    Hk, Hv, Dk, Dv = heads.key_heads, heads.value_heads, heads.key_dim, heads.value_dim
-    g = Graph()
-    past = ir.Value(name="past", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape(("B", Hv, Dk, Dv)))
-    inputs = [value("q", Hk, Dk), value("k", Hk, Dk), value("v", Hv, Dv), value("decay", Hv), value("keep", 1), past]
-    q, k, v, decay, keep, _ = inputs
-    out, present = linear_recurrence(g, q, k, v, decay, None, keep, past, heads, fused)
-    out.name, present.name = "out", "present"
-    model = ir.serde.serialize_model(g.model(inputs, [out, present]))
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["LinearAttention", "Scan"])
