@@ -85,6 +85,20 @@ class Weight:
         inner = self._compute
         return Weight(self.shape[::-1], self.dtype, lambda s: inner(s).T, self.sources)
 
+    def reshaped(self, *shape: int) -> Weight:
+        """The same values in another shape (numpy's reshape at write time): DeepSeek's kv_b_proj
+        [heads·(nope + v), rank] as [heads, nope + v, rank]."""
+        if int(np.prod(shape, dtype=np.int64)) != int(np.prod(self.shape, dtype=np.int64)):
+            raise ValueError(f"cannot reshape {self.shape} to {shape}")
+        inner = self._compute
+        return Weight(shape, self.dtype, lambda s: resolved(inner(s)).reshape(shape), self.sources)
+
+    def permuted(self, *axes: int) -> Weight:
+        """The axes reordered (numpy's transpose(axes) at write time)."""
+        inner = self._compute
+        return Weight(tuple(self.shape[a] for a in axes), self.dtype,
+                      lambda s: np.ascontiguousarray(resolved(inner(s)).transpose(axes)), self.sources)
+
     def astype(self, dtype: np.dtype | type) -> Weight:
         dtype = np.dtype(dtype)
         if dtype == self.dtype:

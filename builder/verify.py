@@ -57,7 +57,9 @@ FLOAT_TOWERS = ("vision_tower", "multi_modal_projector")
 FLOAT_ROUTERS = (".mlp.gate", ".mlp.gate.wg", ".mlp.router", ".mlp.shared_expert_gate",
                  # a gated DeltaNet's per-head gate projections (Qwen3.5, Qwen3-Next): float in every
                  # build, as architectures/qwen3_5.py writes them (quantizing them moves the logits)
-                 ".linear_attn.in_proj_a", ".linear_attn.in_proj_b", ".linear_attn.in_proj_ba")
+                 ".linear_attn.in_proj_a", ".linear_attn.in_proj_b", ".linear_attn.in_proj_ba",
+                 # MLA's kv_b_proj, absorbed into per-head MatMuls (architectures/deepseek_v3.py): float
+                 ".self_attn.kv_b_proj")
 
 # What --verify imports; checked before building (find_spec imports nothing).
 REQUIREMENTS = ("torch", "transformers", "onnxruntime")

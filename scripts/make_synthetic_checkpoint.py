@@ -472,6 +472,34 @@ NEMOTRON_3_NANO_30B_A3B = {
     "torch_dtype": "bfloat16",
 }
 
+# deepseek-ai/DeepSeek-V3's shapes (also R1's), from memory (not checked against the hub): 61
+# layers of MLA (128 heads; q rank 1536, kv rank 512, rope 64, nope 128, v 128; YaRN ×40), the
+# first 3 dense, then 256 experts of 2048 (top 8 of the 4 best of 8 groups) and a shared expert.
+# The hub's weights are FP8 blocks; this preset writes bf16.
+DEEPSEEK_V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "vocab_size": 129280,
+    "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_hidden_layers": 61,
+    "num_attention_heads": 128, "num_key_value_heads": 128, "n_shared_experts": 1, "n_routed_experts": 256,
+    "routed_scaling_factor": 2.5, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64,
+    "v_head_dim": 128, "qk_nope_head_dim": 128, "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3, "norm_topk_prob": True, "hidden_act": "silu", "max_position_embeddings": 163840,
+    "rms_norm_eps": 1e-6, "rope_theta": 10000, "num_nextn_predict_layers": 1,
+    "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
+                     "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+    "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1, "torch_dtype": "bfloat16",
+}
+
+# moonshotai/Kimi-K2-Instruct's shapes, from memory (not checked against the hub): DeepSeek-V3's
+# class with 64 heads, 384 experts (top 8, one group), one dense layer, YaRN ×32.
+KIMI_K2 = {
+    **DEEPSEEK_V3, "vocab_size": 163840, "num_attention_heads": 64, "num_key_value_heads": 64, "n_routed_experts": 384,
+    "routed_scaling_factor": 2.827, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
+    "max_position_embeddings": 131072, "rope_theta": 50000.0,
+    "rope_scaling": {"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "beta_fast": 1.0,
+                     "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
+    "bos_token_id": 163584, "eos_token_id": 163585, "num_nextn_predict_layers": 0,
+}
+
 PRESETS: dict[str, dict] = {
     "Llama-3.2-1B": LLAMA_3_2_1B,
     "Llama-3.1-8B": LLAMA_3_1_8B,
@@ -516,6 +544,8 @@ PRESETS: dict[str, dict] = {
     "Qwen3-Next-80B-A3B-Instruct": QWEN3_NEXT_80B_A3B,
     "Falcon-H1-1.5B-Instruct": FALCON_H1_1_5B,
     "NVIDIA-Nemotron-3-Nano-30B-A3B": NEMOTRON_3_NANO_30B_A3B,
+    "DeepSeek-V3": DEEPSEEK_V3,
+    "Kimi-K2-Instruct": KIMI_K2,
 }
 
 
@@ -1156,6 +1186,44 @@ def falcon_h1_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
         yield "lm_head.weight", (V, H)
 
 
+def deepseek_v3_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """DeepSeek-V3: per layer its norms, MLA's projections and norms, and a dense SwiGLU (the first
+    first_k_dense_replace layers) or the router, per-expert SwiGLUs and the shared experts."""
+    H, V, n, I, M = (c["hidden_size"], c["vocab_size"], c["num_hidden_layers"], c["intermediate_size"],
+                     c["moe_intermediate_size"])
+    heads, rank, rope, nope, v = (c["num_attention_heads"], c["kv_lora_rank"], c["qk_rope_head_dim"],
+                                  c["qk_nope_head_dim"], c["v_head_dim"])
+    qk, q_rank, E = nope + rope, c["q_lora_rank"], c["n_routed_experts"]
+
+    def swiglu(p: str, width: int) -> Iterator[tuple[str, tuple[int, ...]]]:
+        yield from ((p + f"{w}.weight", shape) for w, shape in
+                    (("gate_proj", (width, H)), ("up_proj", (width, H)), ("down_proj", (H, width))))
+
+    yield "model.embed_tokens.weight", (V, H)
+    for i in range(n):
+        p = f"model.layers.{i}."
+        yield p + "input_layernorm.weight", (H,)
+        yield p + "post_attention_layernorm.weight", (H,)
+        a = p + "self_attn."
+        if q_rank is None:
+            yield a + "q_proj.weight", (heads * qk, H)
+        else:
+            yield from ((a + "q_a_proj.weight", (q_rank, H)), (a + "q_a_layernorm.weight", (q_rank,)),
+                        (a + "q_b_proj.weight", (heads * qk, q_rank)))
+        yield from ((a + "kv_a_proj_with_mqa.weight", (rank + rope, H)), (a + "kv_a_layernorm.weight", (rank,)),
+                    (a + "kv_b_proj.weight", (heads * (nope + v), rank)), (a + "o_proj.weight", (H, heads * v)))
+        if i < c["first_k_dense_replace"]:
+            yield from swiglu(p + "mlp.", I)
+            continue
+        yield p + "mlp.gate.weight", (E, H)
+        yield p + "mlp.gate.e_score_correction_bias", (E,)
+        for e in range(E):
+            yield from swiglu(p + f"mlp.experts.{e}.", M)
+        yield from swiglu(p + "mlp.shared_experts.", M * c["n_shared_experts"])
+    yield "model.norm.weight", (H,)
+    yield "lm_head.weight", (V, H)
+
+
 TENSORS = {
     "llama": llama_tensors, "mistral": llama_tensors, "qwen2": llama_tensors, "qwen3": llama_tensors,
     "granite": llama_tensors, "smollm3": llama_tensors, "seed_oss": llama_tensors, "ernie4_5": llama_tensors,
@@ -1170,7 +1238,7 @@ TENSORS = {
     "dots1": dots1_tensors,
     "apertus": apertus_tensors, "lfm2": lfm2_tensors, "lfm2_moe": lfm2_moe_tensors,
     "qwen3_5_text": qwen3_5_tensors, "granitemoehybrid": granitemoehybrid_tensors, "nemotron_h": nemotron_h_tensors,
-    "qwen3_next": qwen3_next_tensors, "falcon_h1": falcon_h1_tensors,
+    "qwen3_next": qwen3_next_tensors, "falcon_h1": falcon_h1_tensors, "deepseek_v3": deepseek_v3_tensors,
 }
 
 
@@ -1236,7 +1304,8 @@ SHRINK = {"vocab_size": 512, "hidden_size": 128, "intermediate_size": 256, "num_
           "mamba_n_heads": 8, "mamba_d_state": 16, "mamba_num_heads": 8, "mamba_head_dim": 16, "ssm_state_size": 16,
           "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 32,
           "linear_value_head_dim": 32, "shared_expert_intermediate_size": 128, "shared_intermediate_size": 128,
-          "mamba_d_ssm": 512}
+          "mamba_d_ssm": 512, "kv_lora_rank": 64, "q_lora_rank": 96, "qk_rope_head_dim": 16, "qk_nope_head_dim": 32,
+          "v_head_dim": 32, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1}
 
 
 def shrunk(config: dict) -> dict:

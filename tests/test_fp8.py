@@ -48,9 +48,10 @@ def expand(scale: np.ndarray, n: int, k: int, bn: int, bk: int) -> np.ndarray:
     return np.kron(scale.astype(np.float32), np.ones((bn, bk), np.float32))[:n, :k]
 
 
-def write_fp8(src, dst, layout: str, input_scale: bool = False, drop: str | None = None):
+def write_fp8(src, dst, layout: str, input_scale: bool = False, drop: str | None = None, linear=LINEAR):
     """Writes `src` (a float checkpoint) as an FP8 checkpoint in `dst` and its reference, `dst`-deq:
-    the float32 checkpoint of the dequantized weights. `drop`: a tensor left out of `dst`."""
+    the float32 checkpoint of the dequantized weights. `drop`: a tensor left out of `dst`;
+    `linear`: the weights stored in float8."""
     from safetensors.numpy import load_file, save_file
 
     tensors = load_file(src / "model.safetensors")
@@ -58,7 +59,7 @@ def write_fp8(src, dst, layout: str, input_scale: bool = False, drop: str | None
     out, deq = {}, {}
     for name, value in tensors.items():
         deq[name] = value.astype(np.float32)
-        if not LINEAR.fullmatch(name):
+        if not linear.fullmatch(name):
             out[name] = value
             continue
         module = name.removesuffix(".weight")

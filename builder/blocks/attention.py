@@ -160,7 +160,7 @@ def self_attention(
         q, k, v = qkv, None, None  # packed QKV input
     if explicit:
         rotary = None  # q and k are rotated: GroupQueryAttention runs with do_rotary=0
-    out, present_k, present_v = _group_query_attention(g, (q, k, v), past, lengths, rotary, w.sinks, spec, target)
+    out, present_k, present_v = group_query_attention(g, (q, k, v), past, lengths, rotary, w.sinks, spec, target)
     with g.scope("o_proj"):
         out = linear(g, out, w.o, target, w.o_bias)
     return out, present_k, present_v
@@ -220,7 +220,7 @@ def _qk_norms(g: Graph, q: ir.Value, k: ir.Value, w: AttentionWeights, spec: Att
     return q, k
 
 
-def _group_query_attention(
+def group_query_attention(
     g: Graph,
     qkv: tuple[ir.Value, ir.Value | None, ir.Value | None],
     past: tuple[ir.Value, ir.Value],

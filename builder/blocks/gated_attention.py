@@ -11,7 +11,7 @@ from builder.blocks.attention import (
     AttentionSpec,
     AttentionWeights,
     SequenceLengths,
-    _group_query_attention,
+    group_query_attention,
     _qkv_projection,
     _queries_keys_values,
 )
@@ -36,7 +36,7 @@ def gated_self_attention(
     normed per head (w.q_norm, w.k_norm) and rotated by GroupQueryAttention (`rotary`: cos, sin)."""
     qkv = _qkv_projection(g, x, w, spec, target)
     q, k, v = _queries_keys_values(g, qkv, None, lengths, w, spec, target, None)
-    out, present_k, present_v = _group_query_attention(g, (q, k, v), past, lengths, rotary, w.sinks, spec, target)
+    out, present_k, present_v = group_query_attention(g, (q, k, v), past, lengths, rotary, w.sinks, spec, target)
     with g.scope("gate"):
         out = g.op.Mul(out, g.op.Sigmoid(linear(g, x, gate, target)))
     with g.scope("o_proj"):
