@@ -1,5 +1,5 @@
-"""DeepSeek-V3 / R1 and Kimi K2 (DeepseekV3ForCausalLM): multi-head latent attention with GLM-4.5's
-mixture of experts.
+"""DeepSeek-V3 / R1 and Kimi K2 (DeepseekV3ForCausalLM), DeepSeek-V2 (DeepseekV2ForCausalLM):
+multi-head latent attention with a mixture of experts.
 
 Reference: transformers/models/deepseek_v3/modeling_deepseek_v3.py. The attention (MLA) compresses
 the keys and values of a token into one latent c = kv_a_layernorm(kv_a_proj_with_mqa(x)[:rank])
@@ -22,7 +22,10 @@ int4 (MatMulNBits has no batch of weights).
 
 Layers below first_k_dense_replace have a dense SwiGLU; the others GLM-4.5's sparse block
 (architectures/glm4_moe.py: sigmoid router with e_score_correction_bias and groups, routed
-experts, shared experts). The next-token-prediction layers past num_hidden_layers are left out.
+experts, shared experts). DeepSeek-V2 (modeling_deepseek_v2.py) is the same attention, its
+rotary always on interleaved pairs (a complex product), with a softmax router: the top k of p
+("greedy", or within the topk_group groups of largest max p: "group_limited_greedy"), weighted by
+p times routed_scaling_factor, not renormalized (builder.blocks.moe.grouped_softmax_router). The next-token-prediction layers past num_hidden_layers are left out.
 onnxruntime-genai 0.18 knows no deepseek_v3: its cache is an ordinary one-KV-head cache, so genai
 runs it as "llama" (head_size rope + rank, one KV head).
 """
@@ -34,12 +37,13 @@ from typing import Any
 
 import numpy as np
 
-from architectures.glm4_moe import Glm4MoeConfig, moe_block, skip_next_token_layers
+from architectures.glm4_moe import Glm4MoeConfig, moe_block, sigmoid_router, skip_next_token_layers
 from architectures.moe import dense_mlp
 from builder.architecture import Weights
 from builder.blocks import AttentionSpec, Rope, rotary_tables
 from builder.blocks.attention import group_query_attention
 from builder.blocks.linear import linear
+from builder.blocks.moe import grouped_softmax_router
 from builder.blocks.norm import rms_norm
 from builder.family import Decoder, Family, register
 
@@ -50,9 +54,21 @@ VARIANTS: dict[str, dict[str, Any]] = {
         moe_intermediate_size=2048, n_routed_experts=256, routed_scaling_factor=2.5, n_group=8, topk_group=4,
         num_experts_per_tok=8, first_k_dense_replace=3, num_nextn_predict_layers=1,
     ),
+    "DeepseekV2ForCausalLM": dict(
+        model_type="deepseek_v2", vocab_size=102400, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+        num_attention_heads=32, max_position_embeddings=2048, bos_token_id=1, eos_token_id=2,
+        moe_intermediate_size=1407, n_routed_experts=64, n_shared_experts=2, routed_scaling_factor=1.0,
+        first_k_dense_replace=0, topk_method="greedy", n_group=None, topk_group=None,
+    ),
 }
-# genai 0.18 has no deepseek_v3 type; the latent cache is a plain one-head KV cache to it.
-STRUCTURE: dict[str, dict[str, Any]] = {"DeepseekV3ForCausalLM": dict(model_type="llama", sliding_window=None)}
+# genai 0.18 has no deepseek_v2/v3 type; the latent cache is a plain one-head KV cache to it.
+# DeepSeek-V2's modeling file rotates interleaved pairs always, ignores norm_topk_prob and has no
+# next-token layers.
+STRUCTURE: dict[str, dict[str, Any]] = {
+    "DeepseekV3ForCausalLM": dict(model_type="llama", sliding_window=None, topk_method="noaux_tc"),
+    "DeepseekV2ForCausalLM": dict(model_type="llama", sliding_window=None, rope_interleave=True,
+                                  norm_topk_prob=False, num_nextn_predict_layers=0),
+}
 
 
 @dataclass(frozen=True)
@@ -62,6 +78,10 @@ class DeepseekV3Config(Glm4MoeConfig):
     `head_dim` and `num_key_value_heads` become the latent cache's: rope + rank wide, one head (what
     genai_config.json and the cache inputs declare); the attention's own sizes are MLA's keys."""
 
+    n_group: int | None = 1  # DeepSeek-V2's config.json may say null (one group)
+    topk_group: int | None = 1
+    topk_method: str = "noaux_tc"  # V3's sigmoid router whatever config.json says; V2: "greedy" or "group_limited_greedy"
+    mlp_bias: bool = False
     kv_lora_rank: int = 512
     q_lora_rank: int | None = 1536
     qk_rope_head_dim: int = 64
@@ -71,6 +91,15 @@ class DeepseekV3Config(Glm4MoeConfig):
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        if self.n_group is None:
+            set_(self, "n_group", 1)
+        if self.topk_group is None:
+            set_(self, "topk_group", self.n_group)
+        if self.topk_method not in ("noaux_tc", "greedy", "group_limited_greedy"):
+            raise ValueError(f"topk_method {self.topk_method!r}: builder builds noaux_tc (V3), greedy and "
+                             "group_limited_greedy (V2)")
+        if self.mlp_bias:
+            raise ValueError("mlp_bias: DeepSeek-V2 MLPs with biases are not built (no released checkpoint has them)")
         set_(self, "head_dim", self.qk_rope_head_dim + self.kv_lora_rank)
         set_(self, "num_key_value_heads", 1)
         if self.qk_rope_head_dim % 2:
@@ -146,6 +175,14 @@ def latent_attention(d: Decoder, a: Weights, i: int, h):
     return out, present_k, present_v
 
 
+def softmax_router(d: Decoder, h, m: Weights):
+    """DeepseekV2TopkRouter (`gate`): (logits, index, weight) for routed_experts."""
+    c = d.c
+    return grouped_softmax_router(d.g, h, m("gate.weight", c.n_routed_experts, c.hidden_size), c.num_experts_per_tok,
+                                  c.n_group, c.topk_group if c.topk_method == "group_limited_greedy" else c.n_group,
+                                  c.routed_scaling_factor, d.target)
+
+
 def decoder_layer(d: Decoder, w: Weights, i: int):
     """DeepseekV3DecoderLayer.forward: x + mla(norm(x)), then x + mlp(norm(x)); returns the latent KV."""
     g, c = d.g, d.c
@@ -158,7 +195,8 @@ def decoder_layer(d: Decoder, w: Weights, i: int):
     with g.scope("post_attention_layernorm"):
         h = d.stream.norm(w("post_attention_layernorm.weight", H))
     with g.scope("mlp"):
-        d.stream.add(moe_block(d, h, m) if c.sparse(i) else dense_mlp(d, h, m, c.intermediate_size))
+        router = sigmoid_router if c.topk_method == "noaux_tc" else softmax_router
+        d.stream.add(moe_block(d, h, m, router) if c.sparse(i) else dense_mlp(d, h, m, c.intermediate_size))
     return key, value
 
 

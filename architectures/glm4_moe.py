@@ -78,14 +78,21 @@ class Glm4MoeConfig(DecoderConfig):
         return layer >= self.first_k_dense_replace
 
 
-def moe_block(d: Decoder, h, m: Weights):
-    """Glm4MoeMoE.forward: the routed experts plus the shared experts."""
-    g, c = d.g, d.c
+def sigmoid_router(d: Decoder, h, m: Weights):
+    """Glm4MoeTopkRouter (`gate`), in float32 as transformers runs it: (logits, index, weight)."""
+    c = d.c
     E, H = c.n_routed_experts, c.hidden_size
-    with g.scope("gate"):  # Glm4MoeTopkRouter, in float32 as transformers runs it
-        logits, index, weight = grouped_sigmoid_router(
-            g, h, m("gate.weight", E, H), m("gate.e_score_correction_bias", E), c.num_experts_per_tok, c.n_group,
-            c.topk_group, c.norm_topk_prob, c.routed_scaling_factor, d.target)
+    return grouped_sigmoid_router(d.g, h, m("gate.weight", E, H), m("gate.e_score_correction_bias", E),
+                                  c.num_experts_per_tok, c.n_group, c.topk_group, c.norm_topk_prob,
+                                  c.routed_scaling_factor, d.target)
+
+
+def moe_block(d: Decoder, h, m: Weights, router=sigmoid_router):
+    """Glm4MoeMoE.forward: the routed experts plus the shared experts; `router(d, h, m)` gives
+    (logits, index, weight) under the `gate` scope (DeepSeek-V2's is a softmax)."""
+    g, c = d.g, d.c
+    with g.scope("gate"):
+        logits, index, weight = router(d, h, m)
     y = routed_experts(g, h, logits, index, weight, c.num_experts_per_tok, *expert_matrices(m, c.n_routed_experts, c.hidden_size, c.moe_intermediate_size), d.target)
     if c.n_shared_experts == 0:  # transformers still makes (and saves) the zero-wide MLP: nothing to add
         for name in ("gate_proj", "up_proj", "down_proj"):

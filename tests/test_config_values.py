@@ -232,6 +232,8 @@ def test_transformers_default_configs_still_parse():
     # Dots1Config has no default expert counts (None), so its default config cannot build experts:
     # refused, as transformers' own model fails to build from it.
     skipped.add("Dots1ForCausalLM")
+    # DeepseekV2Config's num_experts_per_tok defaults to None too (its router's top-k fails on it).
+    skipped.add("DeepseekV2ForCausalLM")
     # Lfm2MoeConfig's default has no layer_types, without which transformers' model cannot be built.
     skipped.add("Lfm2MoeForCausalLM")
     for arch in sorted(set(architectures.ARCHITECTURES) - skipped):

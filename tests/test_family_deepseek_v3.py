@@ -115,3 +115,16 @@ def test_fp8_block_checkpoint_builds_the_dequantized_model(source, tmp_path):
         for name in ("model.layers.2.mlp.experts.3.up_proj.weight", "model.layers.0.self_attn.kv_b_proj.weight"):
             assert stored.get_tensor(name).dtype == torch.float8_e4m3fn
     assert_steps_match(build(path, tmp_path / "out", "-p", "fp32"), load(ref))
+
+
+@pytest.mark.parametrize("method", ["greedy", "group_limited_greedy"])
+def test_deepseek_v2_matches_transformers(tmp_path, method):
+    # DeepSeek-V2: the same latent attention (interleaved pairs always, no q_lora here: V2-Lite),
+    # a softmax router whose top-k weights are not renormalized, 2 shared experts.
+    config = {k: v for k, v in CONFIG.items() if k not in ("rope_parameters",)}
+    config.update(q_lora_rank=None, n_shared_experts=2, topk_method=method, routed_scaling_factor=1.5,
+                  num_attention_heads=4, num_key_value_heads=4, n_group=4, topk_group=2, first_k_dense_replace=1)
+    make_checkpoint(tmp_path / "src", "DeepseekV2Config", **config)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "src", dtype=torch.float32).eval()
+    assert type(model).__name__ == "DeepseekV2ForCausalLM"
+    assert_steps_match(build(tmp_path / "src", tmp_path / "out", "-p", "fp32"), model)

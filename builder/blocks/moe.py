@@ -211,15 +211,7 @@ def grouped_sigmoid_router(g: Graph, x: ir.Value, router: Weight, bias: Weight, 
     choice = g.op.Add(scores, g.weight("e_score_correction_bias", bias.astype(np.float32)))  # (B, S, E)
     if topk_group < n_group:  # groups left out: their experts cannot be chosen
         with g.scope("groups"):
-            grouped = g.op.Reshape(choice, g.constant([0, 0, n_group, E // n_group], "int64"))  # (B, S, G, E/G)
-            best_two = g.op.TopK(grouped, g.constant([2], "int64"), axis=-1, _outputs=2)[0]
-            group_scores = g.op.ReduceSum(best_two, g.constant([-1], "int64"), keepdims=0)  # (B, S, G)
-            groups = g.op.TopK(group_scores, g.constant([topk_group], "int64"), axis=-1, _outputs=2)[1]
-            none = g.op.Expand(g.constant(False, np.bool_), g.op.Shape(group_scores))
-            kept = g.op.ScatterElements(none, groups, g.op.Expand(g.constant(True, np.bool_), g.op.Shape(groups)),
-                                        axis=-1)  # (B, S, G): the chosen groups
-            kept = g.op.Expand(g.op.Unsqueeze(kept, g.constant([-1], "int64")), g.op.Shape(grouped))
-            kept = g.op.Reshape(kept, g.op.Shape(choice))  # (B, S, E)
+            kept = _best_groups(g, choice, E, n_group, topk_group, "top2_sum")
             choice = g.op.Where(kept, choice, g.constant(-np.inf, np.float32))
     index = g.op.TopK(choice, g.constant([top_k], "int64"), axis=-1, _outputs=2)[1]  # (B, S, k)
     weight = g.op.GatherElements(scores, index, axis=-1)  # (B, S, k): without the bias
@@ -229,6 +221,44 @@ def grouped_sigmoid_router(g: Graph, x: ir.Value, router: Weight, bias: Weight, 
     if scaling != 1.0:
         weight = g.op.Mul(weight, g.constant(scaling, np.float32))
     return logits, index, g.op.CastLike(weight, x)
+
+
+def grouped_softmax_router(g: Graph, x: ir.Value, router: Weight, top_k: int, n_group: int, topk_group: int,
+                           scaling: float, target: Target) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """DeepSeek-V2's router (DeepseekV2TopkRouter) in float32 as transformers computes it: p =
+    softmax(x · routerᵀ) over every expert; with topk_group < n_group ("group_limited_greedy") only
+    the experts of the topk_group groups of largest max p stay (the others' p is 0); the top k of p,
+    weighted by p itself (not renormalized) times `scaling`. Returns what `routed_experts` takes."""
+    E = router.shape[0]
+    float_target = replace(target, quantization=None, io_dtype=np.dtype(np.float32))
+    logits = linear(g, g.op.Cast(x, to=ir.DataType.FLOAT), router, float_target)  # (B, S, E)
+    scores = g.op.Softmax(logits, axis=-1)
+    if topk_group < n_group:
+        with g.scope("groups"):
+            kept = _best_groups(g, scores, E, n_group, topk_group, "max")
+            scores = g.op.Where(kept, scores, g.constant(0.0, np.float32))
+    weight, index = g.op.TopK(scores, g.constant([top_k], "int64"), axis=-1, _outputs=2)  # (B, S, k)
+    if scaling != 1.0:
+        weight = g.op.Mul(weight, g.constant(scaling, np.float32))
+    return logits, index, g.op.CastLike(weight, x)
+
+
+def _best_groups(g: Graph, scores: ir.Value, E: int, n_group: int, topk_group: int, by: str) -> ir.Value:
+    """(B, S, E) bool: the experts of the `topk_group` of `n_group` equal groups whose score is
+    largest, a group scored by the sum of its two best experts ("top2_sum": DeepSeek-V3, GLM-4.5)
+    or its best one ("max": DeepSeek-V2)."""
+    grouped = g.op.Reshape(scores, g.constant([0, 0, n_group, E // n_group], "int64"))  # (B, S, G, E/G)
+    if by == "max":
+        group_scores = g.op.ReduceMax(grouped, g.constant([-1], "int64"), keepdims=0)  # (B, S, G)
+    else:
+        best_two = g.op.TopK(grouped, g.constant([2], "int64"), axis=-1, _outputs=2)[0]
+        group_scores = g.op.ReduceSum(best_two, g.constant([-1], "int64"), keepdims=0)  # (B, S, G)
+    groups = g.op.TopK(group_scores, g.constant([topk_group], "int64"), axis=-1, _outputs=2)[1]
+    none = g.op.Expand(g.constant(False, np.bool_), g.op.Shape(group_scores))
+    kept = g.op.ScatterElements(none, groups, g.op.Expand(g.constant(True, np.bool_), g.op.Shape(groups)),
+                                axis=-1)  # (B, S, G): the chosen groups
+    kept = g.op.Expand(g.op.Unsqueeze(kept, g.constant([-1], "int64")), g.op.Shape(grouped))
+    return g.op.Reshape(kept, g.op.Shape(scores))  # (B, S, E)
 
 
 def sparsemixer(g: Graph, scores: ir.Value, jitter_eps: float) -> tuple[ir.Value, ir.Value]:
@@ -277,5 +307,5 @@ def _experts(g: Graph, x: ir.Value, logits: ir.Value, gate: Sequence[Weight], up
         return g.ms.MoE(x, logits, w1, None, w2, **attributes)
 
 
-__all__ = ["RELU_SQUARED_ALPHA", "expert_block_size", "grouped_sigmoid_router", "quantized_experts", "routed_experts", "sparse_moe",
+__all__ = ["RELU_SQUARED_ALPHA", "expert_block_size", "grouped_sigmoid_router", "grouped_softmax_router", "quantized_experts", "routed_experts", "sparse_moe",
            "sparsemixer", "stacked", "stacked_gate_up", "unstacked"]
