@@ -500,6 +500,24 @@ KIMI_K2 = {
     "bos_token_id": 163584, "eos_token_id": 163585, "num_nextn_predict_layers": 0,
 }
 
+# meta-llama/Llama-4-Scout-17B-16E-Instruct's text decoder, from memory (not checked against the
+# hub; the hub saves it as Llama4ForConditionalGeneration, this is its Llama4ForCausalLM layout): 48
+# layers, every one 16 experts (top 1) beside a shared expert, chunked attention (8192) with the
+# rotary on three of four layers, llama3 rope scaling; ~107B parameters. Build it with
+# --context-length (its 10M positions' rotary tables alone are 5 GB).
+LLAMA_4_SCOUT = {
+    "architectures": ["Llama4ForCausalLM"], "model_type": "llama4_text", "vocab_size": 202048, "hidden_size": 5120,
+    "intermediate_size": 8192, "intermediate_size_mlp": 16384, "num_hidden_layers": 48, "num_attention_heads": 40,
+    "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 10485760,
+    "rms_norm_eps": 1e-5, "num_local_experts": 16, "num_experts_per_tok": 1, "interleave_moe_layer_step": 1,
+    "use_qk_norm": True, "attention_chunk_size": 8192, "attn_temperature_tuning": True, "floor_scale": 8192,
+    "attn_scale": 0.1, "rope_theta": 500000.0,
+    "rope_scaling": {"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192},
+    "tie_word_embeddings": False, "bos_token_id": 200000, "eos_token_id": [200001, 200007, 200008],
+    "pad_token_id": 200018, "torch_dtype": "bfloat16",
+}
+
 PRESETS: dict[str, dict] = {
     "Llama-3.2-1B": LLAMA_3_2_1B,
     "Llama-3.1-8B": LLAMA_3_1_8B,
@@ -546,6 +564,7 @@ PRESETS: dict[str, dict] = {
     "NVIDIA-Nemotron-3-Nano-30B-A3B": NEMOTRON_3_NANO_30B_A3B,
     "DeepSeek-V3": DEEPSEEK_V3,
     "Kimi-K2-Instruct": KIMI_K2,
+    "Llama-4-Scout-17B-16E-Instruct": LLAMA_4_SCOUT,
 }
 
 
@@ -1224,6 +1243,37 @@ def deepseek_v3_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     yield "lm_head.weight", (V, H)
 
 
+def llama4_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Llama 4's text decoder: per layer its norms, q/k/v/o_proj, and a feed_forward: the router,
+    the transposed stacked experts (gate_up_proj [E, H, 2I], down_proj [E, I, H]) and the shared
+    expert on the MoE layers, a SwiGLU of intermediate_size_mlp on the others."""
+    H, V, n, I = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"], c["intermediate_size"]
+    heads, kv, D, E = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["num_local_experts"]
+    step = c.get("interleave_moe_layer_step", 1)
+
+    def swiglu(p: str, width: int) -> Iterator[tuple[str, tuple[int, ...]]]:
+        yield from ((p + f"{w}.weight", shape) for w, shape in
+                    (("gate_proj", (width, H)), ("up_proj", (width, H)), ("down_proj", (H, width))))
+
+    yield "model.embed_tokens.weight", (V, H)
+    for i in range(n):
+        p = f"model.layers.{i}."
+        yield p + "input_layernorm.weight", (H,)
+        yield p + "post_attention_layernorm.weight", (H,)
+        yield from ((p + f"self_attn.{w}.weight", shape) for w, shape in (
+            ("q_proj", (heads * D, H)), ("k_proj", (kv * D, H)), ("v_proj", (kv * D, H)), ("o_proj", (H, heads * D))))
+        f = p + "feed_forward."
+        if i % step == step - 1:
+            yield f + "router.weight", (E, H)
+            yield f + "experts.gate_up_proj", (E, H, 2 * I)
+            yield f + "experts.down_proj", (E, I, H)
+            yield from swiglu(f + "shared_expert.", I)
+        else:
+            yield from swiglu(f, c["intermediate_size_mlp"])
+    yield "model.norm.weight", (H,)
+    yield "lm_head.weight", (V, H)
+
+
 TENSORS = {
     "llama": llama_tensors, "mistral": llama_tensors, "qwen2": llama_tensors, "qwen3": llama_tensors,
     "granite": llama_tensors, "smollm3": llama_tensors, "seed_oss": llama_tensors, "ernie4_5": llama_tensors,
@@ -1239,6 +1289,7 @@ TENSORS = {
     "apertus": apertus_tensors, "lfm2": lfm2_tensors, "lfm2_moe": lfm2_moe_tensors,
     "qwen3_5_text": qwen3_5_tensors, "granitemoehybrid": granitemoehybrid_tensors, "nemotron_h": nemotron_h_tensors,
     "qwen3_next": qwen3_next_tensors, "falcon_h1": falcon_h1_tensors, "deepseek_v3": deepseek_v3_tensors,
+    "llama4_text": llama4_tensors,
 }
 
 
@@ -1305,7 +1356,8 @@ SHRINK = {"vocab_size": 512, "hidden_size": 128, "intermediate_size": 256, "num_
           "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 32,
           "linear_value_head_dim": 32, "shared_expert_intermediate_size": 128, "shared_intermediate_size": 128,
           "mamba_d_ssm": 512, "kv_lora_rank": 64, "q_lora_rank": 96, "qk_rope_head_dim": 16, "qk_nope_head_dim": 32,
-          "v_head_dim": 32, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1}
+          "v_head_dim": 32, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
+          "intermediate_size_mlp": 256, "attention_chunk_size": 16, "floor_scale": 16}
 
 
 def shrunk(config: dict) -> dict:
@@ -1325,6 +1377,8 @@ def shrunk(config: dict) -> dict:
     for key in ("no_rope_layers", "layer_types", "hybrid_override_pattern"):  # per-layer lists follow the layer count
         if isinstance(text.get(key), (list, str)):
             text[key] = text[key][: text["num_hidden_layers"]]
+    if text.get("model_type") == "llama4_text":  # its router scales one expert's input: top 1 stays
+        text["num_experts_per_tok"] = 1
     if text.get("model_type") == "hunyuan_v1_moe":  # the original code's per-layer lists, at the shrunk sizes
         n = text["num_hidden_layers"]
         text.update(moe_topk=[2] * n, moe_intermediate_size=[text["intermediate_size"]] * n, num_shared_expert=[1] * n)

@@ -144,12 +144,14 @@ def self_attention(
     spec: AttentionSpec,
     target: Target,
     q_scale: ir.Value | None = None,
+    attention_bias: ir.Value | None = None,
 ) -> tuple[ir.Value, ir.Value, ir.Value]:
     """Returns (attention output after o_proj, present_key, present_value); `rotary` is (cos, sin)
     for GroupQueryAttention's fused rotary, an `ExplicitRotary` (q and k rotated before it), or None
     for a layer without rotary embedding (SmolLM3's and Cohere 2's global layers).
     `q_scale` (B, S, 1) multiplies each token's query by its own factor (Ministral 3's llama-4
-    attention temperature); the rotary rotation is linear, so scaling before it equals after."""
+    attention temperature); the rotary rotation is linear, so scaling before it equals after.
+    `attention_bias` (B, 1, S, total) is added to the scores (Llama 4's chunk mask)."""
     qkv = _qkv_projection(g, x, w, spec, target)
     explicit = isinstance(rotary, ExplicitRotary)
     if spec.qk_norm_after_rotary and not explicit:
@@ -160,7 +162,8 @@ def self_attention(
         q, k, v = qkv, None, None  # packed QKV input
     if explicit:
         rotary = None  # q and k are rotated: GroupQueryAttention runs with do_rotary=0
-    out, present_k, present_v = group_query_attention(g, (q, k, v), past, lengths, rotary, w.sinks, spec, target)
+    out, present_k, present_v = group_query_attention(g, (q, k, v), past, lengths, rotary, w.sinks, spec, target,
+                                                      attention_bias)
     with g.scope("o_proj"):
         out = linear(g, out, w.o, target, w.o_bias)
     return out, present_k, present_v
@@ -229,16 +232,20 @@ def group_query_attention(
     sinks: Weight | None,
     spec: AttentionSpec,
     target: Target,
+    attention_bias: ir.Value | None = None,
 ) -> tuple[ir.Value, ir.Value, ir.Value]:
     """GroupQueryAttention over q, k and v (or the packed projection, k and v None), the KV cache
-    read from `past` and written in place; `rotary` (cos, sin) when it rotates q and k itself.
+    read from `past` and written in place; `rotary` (cos, sin) when it rotates q and k itself;
+    `attention_bias` (B or 1, 1, S, total) added to the scores, indexed by absolute key position.
     Returns (out (B, S, num_heads·head_dim), present_key, present_value)."""
-    # head_sink is input 11, after position_ids and attention_bias (unused here).
-    sink = () if sinks is None else (None, None, g.weight("sinks", sinks.astype(target.io_dtype)))
+    # Inputs 9-11: position_ids (unused), attention_bias, head_sink.
+    extra = [None, attention_bias, None if sinks is None else g.weight("sinks", sinks.astype(target.io_dtype))]
+    while extra and extra[-1] is None:
+        extra.pop()
     return g.ms.GroupQueryAttention(
         *qkv, past[0], past[1], lengths.seqlens_k, lengths.total_sequence_length,
         *(rotary if rotary is not None else (None, None)),
-        *sink,
+        *extra,
         _outputs=3,
         num_heads=spec.num_heads,
         kv_num_heads=spec.num_kv_heads,
@@ -252,22 +259,47 @@ def group_query_attention(
     )
 
 
+def new_token_positions(g: Graph, tokens: ir.Value, lengths: SequenceLengths) -> ir.Value:
+    """(B, S) int32: each new token's position, the tokens before it: seqlens_k + 1 − S, at least
+    0 (a first prompt's right padding), plus its index among the new ones."""
+    one = g.constant(1, np.int32)
+    new = g.op.Shape(tokens, start=1, end=2)  # (1,): S
+    new = g.op.Cast(g.op.Squeeze(new, g.constant([0], "int64")), to=ir.DataType.INT32)
+    before = g.op.Max(g.op.Sub(g.op.Add(lengths.seqlens_k, one), new), g.constant(0, np.int32))  # (B,)
+    return g.op.Add(g.op.Unsqueeze(before, g.constant([1], "int64")),
+                    g.op.Range(g.constant(0, np.int32), new, one))  # (B, 1) + (S,) -> (B, S)
+
+
 def attention_temperature(
     g: Graph, input_ids: ir.Value, lengths: SequenceLengths, beta: float, original_max_positions: int, target: Target,
+    offset: int = 0,
 ) -> ir.Value:
     """Llama 4's attention temperature (transformers' ministral3 `get_llama_4_attn_scale`), the
-    `q_scale` of self_attention: 1 + beta·log(1 + ⌊position / original_max_positions⌋) per token,
-    (B, S, 1), in float32 as there. A new token's position counts the tokens before it:
-    seqlens_k + 1 − S, at least 0 (a first prompt's right padding), plus its index among the new ones."""
+    `q_scale` of self_attention: 1 + beta·log(1 + ⌊(position + offset) / original_max_positions⌋)
+    per token, (B, S, 1), in float32 as there (Llama 4's own modeling file counts from 1: offset 1)."""
     with g.scope("model", "attn_temperature"):
-        one, f_one = g.constant(1, np.int32), g.constant(1.0, np.float32)
-        new = g.op.Shape(input_ids, start=1, end=2)  # (1,): S
-        new = g.op.Cast(g.op.Squeeze(new, g.constant([0], "int64")), to=ir.DataType.INT32)
-        before = g.op.Max(g.op.Sub(g.op.Add(lengths.seqlens_k, one), new), g.constant(0, np.int32))  # (B,)
-        positions = g.op.Add(g.op.Unsqueeze(before, g.constant([1], "int64")),
-                             g.op.Range(g.constant(0, np.int32), new, one))  # (B, 1) + (S,) -> (B, S)
+        positions = new_token_positions(g, input_ids, lengths)
+        if offset:
+            positions = g.op.Add(positions, g.constant(offset, np.int32))
         blocks = g.op.Div(positions, g.constant(int(original_max_positions), np.int32))  # floor: both ≥ 0
+        f_one = g.constant(1.0, np.float32)
         log = g.op.Log(g.op.Add(g.op.Cast(blocks, to=ir.DataType.FLOAT), f_one))
         scale = g.op.Add(g.op.Mul(log, g.constant(float(beta), np.float32)), f_one)
         scale = g.op.Cast(scale, to=ir.DataType.from_numpy(target.io_dtype))
         return g.op.Unsqueeze(scale, g.constant([2], "int64"))  # (B, S) -> (B, S, 1)
+
+
+def chunk_mask(g: Graph, tokens: ir.Value, attention_mask: ir.Value, lengths: SequenceLengths, chunk: int,
+               target: Target) -> ir.Value:
+    """(B, 1, S, total) attention_bias of chunked attention (Llama 4's local layers): 0 where the key
+    is in the query's chunk of `chunk` positions (⌊t / chunk⌋ = ⌊p / chunk⌋), −∞ elsewhere;
+    GroupQueryAttention keeps it causal."""
+    with g.scope("model", "chunk_mask"):
+        size = g.constant(int(chunk), np.int32)
+        queries = g.op.Div(new_token_positions(g, tokens, lengths), size)  # (B, S)
+        total = g.op.Cast(g.op.Squeeze(g.op.Shape(attention_mask, start=1, end=2), g.constant([0], "int64")),
+                          to=ir.DataType.INT32)
+        keys = g.op.Div(g.op.Range(g.constant(0, np.int32), total, g.constant(1, np.int32)), size)  # (total,)
+        same = g.op.Equal(g.op.Unsqueeze(queries, g.constant([1, 3], "int64")), keys)  # (B, 1, S, total)
+        dtype = np.dtype(target.io_dtype)
+        return g.op.Where(same, g.constant(0.0, dtype), g.constant(-np.inf, dtype))
