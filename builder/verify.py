@@ -59,7 +59,8 @@ FLOAT_ROUTERS = (".mlp.gate", ".mlp.gate.wg", ".mlp.router", ".mlp.shared_expert
                  # build, as architectures/qwen3_5.py writes them (quantizing them moves the logits)
                  ".linear_attn.in_proj_a", ".linear_attn.in_proj_b", ".linear_attn.in_proj_ba",
                  # MLA's kv_b_proj, absorbed into per-head MatMuls (architectures/deepseek_v3.py): float
-                 ".self_attn.kv_b_proj")
+                 ".self_attn.kv_b_proj",
+                 ".feed_forward.router")  # Llama 4's
 
 # What --verify imports; checked before building (find_spec imports nothing).
 REQUIREMENTS = ("torch", "transformers", "onnxruntime")
@@ -176,7 +177,8 @@ def _round_stacked_experts(name: str, module, target, config) -> None:
         return
     if not target.quantizes(_graph_path(name), (name,)):
         return
-    transposed = bool(getattr(module, "is_transposed", False))
+    # gpt-oss says so; Llama 4's experts are x @ W too ([E, H, 2I], [E, I, H]) without saying it.
+    transposed = bool(getattr(module, "is_transposed", False)) or config.model_type in ("llama4", "llama4_text")
     h, i = (down.shape[2], down.shape[1]) if transposed else (down.shape[1], down.shape[2])
     q = target.quantization
     if config.model_type == "gpt_oss":  # builder/blocks/gpt_oss_experts.py: no zero points

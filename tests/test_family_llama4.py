@@ -71,6 +71,15 @@ def test_int4_matches_fake_quantized_transformers(source, tmp_path):
     assert_steps_match(out, model, tolerance=1e-3, min_cosine=0.999)
 
 
+def test_int4_verify_rounds_as_the_build(source, tmp_path, capsys):
+    # --verify's reference rounded Llama 4's float router and its transposed experts row-wise in
+    # the wrong orientation: an int4 --verify of a correct build failed at cosine 0.994.
+    from builder.cli import main
+
+    rc = main(["-m", str(source), "-o", str(tmp_path / "out"), "-p", "int4", "--accuracy-level", "0", "--verify"])
+    assert rc == 0, capsys.readouterr().err
+
+
 def test_genai_greedy_and_ragged_batch_match_transformers(source, tmp_path):
     from test_genai import MAX_LENGTH, assert_same_greedy
     from test_sliding_windows import assert_rows_match, genai_generate
