@@ -35,13 +35,13 @@ from typing import Any, ClassVar
 import numpy as np
 
 from architectures import granite
-from architectures.granitemoehybrid import conv_padding, resolve_mamba_keys
+from architectures.granitemoehybrid import MambaStates, resolve_mamba_keys
 from builder.architecture import Weights, attention_weights
 from builder.blocks import AttentionSpec, gated_mlp, self_attention
 from builder.blocks.mamba2 import Mamba2Spec, Mamba2Weights, mamba2_mixer
 from builder.blocks.vocabulary import Vocabulary
 from builder.decoder_config import DecoderConfig
-from builder.family import Decoder, Family, register, tied_vocabulary
+from builder.family import Decoder, Family, conv_padding, register, tied_vocabulary
 from builder.io import logits_dtype
 from builder.lazy import Weight
 
@@ -56,7 +56,7 @@ HYBRID = "hybrid"  # FalconH1Config.layers_block_type: attention and Mamba in ev
 
 
 @dataclass(frozen=True)
-class FalconH1Config(DecoderConfig):
+class FalconH1Config(MambaStates, DecoderConfig):
     """config.json of Falcon-H1: the shared decoder keys, the Mamba-2 mixer's and the μP
     multipliers (FalconH1Config's defaults; `head_dim` is read when config.json has it)."""
 
@@ -124,14 +124,6 @@ class FalconH1Config(DecoderConfig):
     def hybrid_layers(self) -> list[int]:
         """…and a KV cache beside them."""
         return list(range(self.num_hidden_layers))
-
-    @property
-    def conv_state(self) -> tuple[int, int]:
-        return self.mamba.conv_state
-
-    @property
-    def recurrent_state(self) -> tuple[int, int, int]:
-        return self.mamba.recurrent_state
 
 
 def scaled(w: Weight | None, m: float | np.ndarray) -> Weight | None:

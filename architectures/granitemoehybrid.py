@@ -32,9 +32,8 @@ from builder.architecture import Weights, attention_weights
 from builder.blocks import AttentionSpec, gated_mlp, self_attention, sparse_moe
 from builder.blocks.mamba2 import Mamba2Spec, Mamba2Weights, mamba2_mixer
 from builder.blocks.moe import unstacked
-from builder.blocks.short_conv import padding
 from builder.decoder_config import DecoderConfig
-from builder.family import Decoder, Family, parse, register, rotary
+from builder.family import Decoder, Family, conv_padding, parse, register, rotary
 
 VARIANTS: dict[str, dict[str, Any]] = {"GraniteMoeHybridForCausalLM": dict(model_type="granitemoehybrid")}
 MAMBA, ATTENTION = "linear_attention", "full_attention"
@@ -42,8 +41,21 @@ MAMBA, ATTENTION = "linear_attention", "full_attention"
 LEGACY = {"mamba": MAMBA, "attention": ATTENTION}
 
 
+class MambaStates:
+    """A Mamba-2 hybrid config's state sizes, from its `mamba` (a Mamba2Spec): the conv state
+    (channels, taps − 1) and the SSM state (heads, head_dim, state) its Mamba layers carry."""
+
+    @property
+    def conv_state(self) -> tuple[int, int]:
+        return self.mamba.conv_state
+
+    @property
+    def recurrent_state(self) -> tuple[int, int, int]:
+        return self.mamba.recurrent_state
+
+
 @dataclass(frozen=True)
-class GraniteMoeHybridConfig(DecoderConfig):
+class GraniteMoeHybridConfig(MambaStates, DecoderConfig):
     """config.json of Granite 4.0: the shared decoder keys, Granite's multipliers, the experts and
     the Mamba-2 mixer's keys (GraniteMoeHybridConfig's defaults)."""
 
@@ -93,14 +105,6 @@ class GraniteMoeHybridConfig(DecoderConfig):
     def conv_layers(self) -> list[int]:
         """The Mamba layers: each carries a conv state and an SSM state, no KV."""
         return [i for i, kind in enumerate(self.layer_types) if kind == MAMBA]
-
-    @property
-    def conv_state(self) -> tuple[int, int]:
-        return self.mamba.conv_state
-
-    @property
-    def recurrent_state(self) -> tuple[int, int, int]:
-        return self.mamba.recurrent_state
 
 
 def resolve_mamba_keys(c: Any, inner: int, width: str) -> None:
@@ -205,10 +209,6 @@ def rope_if_asked(d: Decoder):
     return rotary(d) if d.c.position_embedding_type == "rope" else None
 
 
-def conv_padding(d: Decoder):
-    """Where the new tokens' padding is (builder.blocks.short_conv.padding), shared by the Mamba layers."""
-    return padding(d.g, d.io.token_input, d.io.attention_mask, d.target) if d.c.conv_layers else None
-
 
 FAMILY = register(Family(
     "granitemoehybrid", GraniteMoeHybridConfig, decoder_layer, VARIANTS, parser=parse_config, rotary=rope_if_asked,
@@ -216,4 +216,4 @@ FAMILY = register(Family(
     embed=granite.embed, logits=granite.logits,
 ))
 
-__all__ = ["FAMILY", "VARIANTS", "GraniteMoeHybridConfig", "decoder_layer"]
+__all__ = ["FAMILY", "VARIANTS", "GraniteMoeHybridConfig", "MambaStates", "decoder_layer", "resolve_mamba_keys"]

@@ -20,9 +20,9 @@ from typing import Any, ClassVar
 from builder.architecture import Weights
 from builder.blocks import AttentionSpec, AttentionWeights, gated_mlp, self_attention
 from builder.blocks.linear import linear
-from builder.blocks.short_conv import causal_conv, padding
+from builder.blocks.short_conv import causal_conv
 from builder.decoder_config import DecoderConfig
-from builder.family import Decoder, Family, register
+from builder.family import Decoder, Family, conv_padding, register
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "Lfm2ForCausalLM": dict(
@@ -152,10 +152,6 @@ def final_norm(d: Decoder):
     with d.g.scope("model", "embedding_norm"):
         return d.stream.norm(d.ckpt.weight("model.embedding_norm.weight", (d.c.hidden_size,)))
 
-
-def conv_padding(d: Decoder):
-    """Where the new tokens' padding is (builder.blocks.short_conv.padding), shared by the conv layers."""
-    return padding(d.g, d.io.token_input, d.io.attention_mask, d.target) if d.c.conv_layers else None
 
 
 FAMILY = register(Family("lfm2", Lfm2Config, decoder_layer, VARIANTS, prepare=conv_padding, final_norm=final_norm))

@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from architectures.lfm2 import Lfm2Config, conv_padding, decoder_layer as lfm2_layer, dense_feed_forward, final_norm
+from architectures.lfm2 import Lfm2Config, decoder_layer as lfm2_layer, dense_feed_forward, final_norm
 from architectures.moe import expert_matrices
 from builder.architecture import Weights
 from builder.blocks.linear import linear
 from builder.blocks.moe import routed_experts
-from builder.family import Decoder, Family, register
+from builder.family import Decoder, Family, conv_padding, register
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "Lfm2MoeForCausalLM": dict(

@@ -29,15 +29,15 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from architectures.granitemoehybrid import MambaStates
 from builder.architecture import Weights, attention_weights, vocabulary
 from builder.blocks import AttentionSpec, plain_mlp, self_attention
 from builder.blocks.linear import linear
 from builder.blocks.mamba2 import Mamba2Spec, Mamba2Weights, mamba2_mixer
 from builder.blocks.moe import RELU_SQUARED_ALPHA, grouped_sigmoid_router, routed_experts, unstacked
-from builder.blocks.short_conv import padding
 from builder.decoder_config import DecoderConfig
 from builder.errors import BuildError
-from builder.family import Decoder, Family, parse, register
+from builder.family import Decoder, Family, conv_padding, parse, register
 from builder.inputs.source import Checkpoint
 
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -58,7 +58,7 @@ RENAMED = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel", "mamba_d
 
 
 @dataclass(frozen=True)
-class NemotronHConfig(DecoderConfig):
+class NemotronHConfig(MambaStates, DecoderConfig):
     """config.json of Nemotron-H: the shared decoder keys and its own (NemotronHConfig's defaults);
     `layer_types` comes from hybrid_override_pattern or layers_block_type (parse_config)."""
 
@@ -115,14 +115,6 @@ class NemotronHConfig(DecoderConfig):
     @property
     def stateless_layers(self) -> list[int]:
         return [i for i, kind in enumerate(self.layer_types) if kind in (MLP, MOE)]
-
-    @property
-    def conv_state(self) -> tuple[int, int]:
-        return self.mamba.conv_state
-
-    @property
-    def recurrent_state(self) -> tuple[int, int, int]:
-        return self.mamba.recurrent_state
 
 
 def layer_types(raw: dict[str, Any]) -> list[str]:
@@ -241,10 +233,6 @@ def final_norm(d: Decoder):
     with d.g.scope("model", "norm_f"):
         return d.stream.norm(d.ckpt.weight(decoder_prefix(d.ckpt) + "norm_f.weight", (d.c.hidden_size,)))
 
-
-def conv_padding(d: Decoder):
-    """Where the new tokens' padding is (builder.blocks.short_conv.padding), shared by the Mamba layers."""
-    return padding(d.g, d.io.token_input, d.io.attention_mask, d.target) if d.c.conv_layers else None
 
 
 FAMILY = register(Family(

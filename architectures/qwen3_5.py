@@ -32,10 +32,10 @@ from builder.blocks.gated_deltanet import DeltaHeads, gated_delta_rule
 from builder.blocks.linear import linear
 from builder.blocks.mlp import activation
 from builder.blocks.norm import rms_norm
-from builder.blocks.short_conv import causal_conv, padding
+from builder.blocks.short_conv import causal_conv
 from builder.decoder_config import DecoderConfig
 from builder.errors import BuildError
-from builder.family import Decoder, Family, parse, register
+from builder.family import Decoder, Family, conv_padding, parse, register
 from builder.hf_config import text_config
 from builder.inputs.source import Checkpoint
 
@@ -216,10 +216,6 @@ def final_norm(d: Decoder):
     with d.g.scope("model", "norm"):
         return d.stream.norm(Qwen3_5Weights(d.ckpt, decoder_prefix(d.ckpt)).norm("norm.weight", d.c.hidden_size))
 
-
-def conv_padding(d: Decoder):
-    """Where the new tokens' padding is (builder.blocks.short_conv.padding), shared by the linear layers."""
-    return padding(d.g, d.io.token_input, d.io.attention_mask, d.target) if d.c.conv_layers else None
 
 
 FAMILY = register(Family(

@@ -34,6 +34,7 @@ from builder.architecture import Weights, decoder_layers, vocabulary
 from builder.blocks.attention import SequenceLengths, sequence_lengths
 from builder.blocks.residual import ResidualStream
 from builder.blocks.rope import Rope, rotary_tables, rotary_tables_by_layer_type
+from builder.blocks.short_conv import Padding, padding
 from builder.blocks.vocabulary import Vocabulary
 from builder.errors import BuildError
 from builder.graph import Graph
@@ -89,6 +90,13 @@ def tied_vocabulary(d: Decoder) -> Vocabulary:
 
 def embed(d: Decoder) -> ir.Value:
     return d.vocab.embed(d.g, d.io.input_ids)
+
+
+def conv_padding(d: Decoder) -> Padding | None:
+    """A hybrid's `prepare`: where the new tokens' padding is (builder.blocks.short_conv.padding),
+    computed once for every layer with a convolution state (`c.conv_layers`: LFM2's, Qwen3.5's
+    DeltaNet, Mamba-2's)."""
+    return padding(d.g, d.io.token_input, d.io.attention_mask, d.target) if d.c.conv_layers else None
 
 
 def rms_stream(d: Decoder, x: ir.Value) -> ResidualStream:
@@ -191,5 +199,5 @@ def register(family: Family) -> Family:
     return family
 
 
-__all__ = ["FAMILIES", "Decoder", "Family", "embed", "final_norm", "logits", "parse", "register", "rms_stream",
+__all__ = ["FAMILIES", "Decoder", "Family", "conv_padding", "embed", "final_norm", "logits", "parse", "register", "rms_stream",
            "rotary", "rotary_by_layer_type", "tied_vocabulary"]
