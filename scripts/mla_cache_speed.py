@@ -14,7 +14,6 @@ import sys
 import time
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 

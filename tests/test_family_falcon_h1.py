@@ -13,8 +13,9 @@ import pytest
 import torch
 import transformers
 from fake_quant import fake_quantize_model
-from helpers import GENAI_PROMPT, build, make_checkpoint
-from safetensors.numpy import load_file, save_file
+from helpers import GENAI_PROMPT, build
+from safetensors.numpy import save_file
+from test_family_granitemoehybrid import random_mamba
 from test_family_lfm2 import PROMPT, RAGGED, assert_steps_match
 
 from builder.options import PRECISION_DEFAULTS
@@ -36,16 +37,8 @@ CONFIG = dict(
 
 
 def make(folder, **overrides):
-    """A tiny random Falcon-H1 whose dt_bias, D, A_log and biases are random too (transformers
-    initializes them to ones, log(1..heads) and zeros)."""
-    make_checkpoint(folder, "FalconH1Config", **{**CONFIG, **overrides})
-    tensors = load_file(folder / "model.safetensors")
-    rng = np.random.default_rng(1)
-    for key, value in tensors.items():
-        if key.endswith(("mamba.dt_bias", "mamba.D", ".bias")):
-            tensors[key] = (0.5 * rng.standard_normal(value.shape)).astype(value.dtype)
-        elif key.endswith("mamba.A_log"):
-            tensors[key] = rng.uniform(-1, 1.5, value.shape).astype(value.dtype)
+    """A tiny random Falcon-H1 (random Mamba parameters and biases)."""
+    tensors = random_mamba(folder, "FalconH1Config", {**CONFIG, **overrides}, "mamba", (".bias",))
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     return folder
 

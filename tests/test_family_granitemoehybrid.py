@@ -39,19 +39,28 @@ CONFIG = dict(
 STEPS = 4
 
 
-def make(folder, **overrides):
-    """A tiny random Granite 4.0 whose dt_bias, D and A_log are random too (transformers initializes
-    them to ones and log(1..heads))."""
-    make_checkpoint(folder, "GraniteMoeHybridConfig", **{**CONFIG, **overrides})
+def random_mamba(folder, config_class, config, mixer, biases, edit=None):
+    """Saves a tiny random Mamba-2 hybrid whose `{mixer}.dt_bias`, `.D`, `.A_log` and the tensors
+    ending in `biases` are random too (transformers initializes them to constants); `edit(key,
+    value)` may replace any other tensor. Returns the tensors, to be saved by the caller."""
+    make_checkpoint(folder, config_class, **config)
     tensors = load_file(folder / "model.safetensors")
     rng = np.random.default_rng(1)
     for key, value in tensors.items():
-        if key.endswith(("mamba.dt_bias", "mamba.D", "conv1d.bias")):
+        if key.endswith((f"{mixer}.dt_bias", f"{mixer}.D", *biases)):
             tensors[key] = (0.5 * rng.standard_normal(value.shape)).astype(value.dtype)
-        elif key.endswith("mamba.A_log"):
+        elif key.endswith(f"{mixer}.A_log"):
             tensors[key] = rng.uniform(-1, 1.5, value.shape).astype(value.dtype)
-        elif key.endswith("router.layer.weight"):  # random routers are near-uniform: make the top-2 decisive
-            tensors[key] = value * ROUTER_SCALE
+        elif edit is not None:
+            tensors[key] = edit(key, value)
+    return tensors
+
+
+def make(folder, **overrides):
+    """A tiny random Granite 4.0 (random Mamba parameters; routers scaled up: random ones are
+    near-uniform, and the top-2 choice must be decisive)."""
+    tensors = random_mamba(folder, "GraniteMoeHybridConfig", {**CONFIG, **overrides}, "mamba", ("conv1d.bias",),
+                           lambda key, v: v * ROUTER_SCALE if key.endswith("router.layer.weight") else v)
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     return folder
 

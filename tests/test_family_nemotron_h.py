@@ -11,8 +11,9 @@ import pytest
 import torch
 import transformers
 from fake_quant import fake_quantize_model
-from helpers import GENAI_PROMPT, build, make_checkpoint
+from helpers import GENAI_PROMPT, build
 from safetensors.numpy import load_file, save_file
+from test_family_granitemoehybrid import random_mamba
 from test_family_lfm2 import RAGGED, assert_steps_match
 
 from builder.options import PRECISION_DEFAULTS
@@ -31,16 +32,9 @@ STEPS = 4
 
 
 def make(folder, backbone=False, **overrides):
-    """A tiny random Nemotron-H with random dt_bias, D, A_log and biases (transformers initializes
-    them to constants); `backbone`: under the hub's `backbone.` prefix."""
-    make_checkpoint(folder, "NemotronHConfig", **{**CONFIG, **overrides})
-    tensors = load_file(folder / "model.safetensors")
-    rng = np.random.default_rng(1)
-    for key, value in tensors.items():
-        if key.endswith(("mixer.dt_bias", "mixer.D", ".bias")):
-            tensors[key] = (0.5 * rng.standard_normal(value.shape)).astype(value.dtype)
-        elif key.endswith("mixer.A_log"):
-            tensors[key] = rng.uniform(-1, 1.5, value.shape).astype(value.dtype)
+    """A tiny random Nemotron-H (random Mamba parameters and biases); `backbone`: under the hub's
+    `backbone.` prefix."""
+    tensors = random_mamba(folder, "NemotronHConfig", {**CONFIG, **overrides}, "mixer", (".bias",))
     if backbone:
         tensors = {k.replace("model.", "backbone.", 1): v for k, v in tensors.items()}
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
