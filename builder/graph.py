@@ -54,6 +54,8 @@ class Graph:
         self._constants: dict[tuple, ir.Value] = {}
         # initializer name -> the checkpoint tensors its recipe reads (for plans and records)
         self.sources: dict[str, tuple[str, ...]] = {}
+        # Initializers written one member at a time (a stack of experts): how many members.
+        self.members: dict[str, int] = {}
         # linear layer module path -> the checkpoint modules its weight is made of
         self.linears: dict[str, tuple[str, ...]] = {}
 
@@ -104,14 +106,18 @@ class Graph:
     def weight(self, name: str, weight: Weight) -> ir.Value:
         """Registers a lazy initializer named after the current scope (`model.layers.0.mlp.weight`)."""
         full = self.scoped_name(name)
-        return self.lazy_initializer(full, weight.to_ir(full), weight.sources)
+        return self.lazy_initializer(full, weight.to_ir(full), weight.sources, len(weight.pieces or ()) or 1)
 
-    def lazy_initializer(self, name: str, tensor: ir.TensorProtocol, sources: tuple[str, ...] = ()) -> ir.Value:
-        """Registers an initializer. `sources`: the checkpoint tensors its recipe reads."""
+    def lazy_initializer(self, name: str, tensor: ir.TensorProtocol, sources: tuple[str, ...] = (),
+                         members: int = 1) -> ir.Value:
+        """Registers an initializer. `sources`: the checkpoint tensors its recipe reads; `members`:
+        how many pieces it is written in, one at a time (a stack of experts)."""
         if name in self._initializer_names:
             raise ValueError(f"initializer {name!r} defined twice")
         self._initializer_names.add(name)
         self.sources[name] = sources
+        if members > 1:
+            self.members[name] = members
         return self.tape.initializer(tensor, name=name)
 
     def constant(self, value: np.ndarray | Sequence[int] | int | float, dtype: np.dtype | type | None = None) -> ir.Value:

@@ -141,7 +141,7 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
 
     generation = inp.generation_config(info.vocab_size)
     sources = dict(g.sources)
-    estimates = {MODEL_STEM: estimate(model, _source_bytes(checkpoint, g.sources))}
+    estimates = {MODEL_STEM: estimate(model, _source_bytes(checkpoint, g.sources), g.members)}
     for stem, part in package.models.items() if package is not None else ():
         RemoveUnusedNodesPass()(part)
         TopologicalSortPass()(part)

@@ -32,8 +32,9 @@ def _weights(model: ir.Model):
     return [v.const_value for v in model.graph.initializers.values() if v.const_value is not None]
 
 
-def estimate(model: ir.Model, sources: dict[str, list[int]]) -> Estimate:
-    """`sources`: for each initializer, the bytes of each checkpoint tensor its recipe reads."""
+def estimate(model: ir.Model, sources: dict[str, list[int]], members: dict[str, int] | None = None) -> Estimate:
+    """`sources`: for each initializer, the bytes of each checkpoint tensor its recipe reads;
+    `members`: the initializers written one member at a time (stacks of experts), how many."""
     tensors = _weights(model)
     external = [t for t in tensors if t.nbytes > INLINE_BYTES]
     data = sum(t.nbytes for t in external)
@@ -43,8 +44,11 @@ def estimate(model: ir.Model, sources: dict[str, list[int]]) -> Estimate:
     # Peak: each writer thread holds one tensor's output plus what it has mapped of the source —
     # a row block, as pages are handed back while converting — or a whole concatenation of
     # several sources (fused QKV). The two largest such tensors may be in flight together.
+    # A stack of experts holds one expert's output and sources at a time.
     def transient(t) -> int:
-        parts = sources.get(t.name, [])
+        parts, count = sources.get(t.name, []), (members or {}).get(t.name, 1)
+        if count > 1:
+            return (t.nbytes + sum(parts)) // count
         held = sum(parts) if len(parts) > 1 else min(sum(parts), 2 * ROW_BLOCK_BYTES)
         return t.nbytes + held
 

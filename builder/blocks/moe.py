@@ -129,7 +129,7 @@ def quantized_experts(g: Graph, parts: Sequence[Sequence[Weight]], q: Quantizati
     def register(part: str) -> ir.Value:
         name = g.scoped_name(part)
         main = part == "data"
-        return g.lazy_initializer(name, shared.tensor(part, name), sources if main else ())
+        return g.lazy_initializer(name, shared.tensor(part, name), sources if main else (), e if main else 1)
 
     return register("data"), register("scales"), None if q.symmetric else register("zero_points")
 
