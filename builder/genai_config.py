@@ -82,7 +82,9 @@ def _decoder_section(info: DecoderInfo, target: Target, filename: str, inputs_em
             "window_size": info.sliding_window,
             "slide_key_value_cache": False,
             "slide_inputs": False,
-            "layers": info.sliding_window_layers,
+            # numbered as the caches are: layers without one (Gemma 4's KV-sharing layers) skipped
+            "layers": [n for n, i in enumerate(i for i in range(info.num_layers) if i not in info.stateless_layers)
+                       if i in info.sliding_window_layers],
             "cache_slack": 0,
         }
     if info.conv_layers:

@@ -153,3 +153,21 @@ def test_hub_spelling_of_the_full_layers():
 def test_refuses_what_it_does_not_build(key, value):
     with pytest.raises(BuildError, match=key):
         architectures.load("Gemma4ForCausalLM").parse_config({**CONFIG, key: value}, "Gemma4ForCausalLM")
+
+
+def test_windowed_cache_numbers_the_caches(source, tmp_path):
+    # genai_config.json lists the ring-buffer caches by their number: layer 4 shares layer 2's KV
+    # and has none, so the sliding caches are 0 and 2 (layer numbers would name 4, a full cache).
+    from test_sliding_windows import assert_rows_match, genai_generate
+
+    out = build(source, tmp_path / "out", "-p", "fp32", "--windowed-kv-cache")
+    assert json.loads((out / "genai_config.json").read_text())["model"]["decoder"]["sliding_window"]["layers"] == [0, 2]
+    generated = genai_generate(out, [LONG[:20]], 40)
+    assert_rows_match(load(source), [LONG[:20]], generated, 20)
+
+
+def test_verify_feeds_each_layers_kv_shape(source, tmp_path):
+    # --verify fed every cache the sliding layers' shape: ONNX Runtime refused the full layers' (1, 32).
+    from builder.cli import main
+
+    assert main(["-m", str(source), "-o", str(tmp_path / "out"), "-q", "-p", "fp32", "--verify"]) == 0
