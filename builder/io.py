@@ -38,7 +38,9 @@ class DecoderIO:
     state, recurrent state) in that order. A `stateless` layer (Nemotron-H's MLP layers) reads and
     returns nothing: its `past` entry is None and it returns (). The state names number the layers
     that carry state (`slots`: layer -> number), as onnxruntime-genai numbers what it allocates:
-    it gives every layer it counts a KV cache or a conv state, so a stateless layer is not counted."""
+    it gives every layer it counts a KV cache or a conv state, so a stateless layer is not counted.
+    Gemma 4's KV-sharing layers are stateless too: they attend over another layer's `past`. Its
+    full-attention layers' KV has its own (heads, head size): `layer_kv_dims`."""
 
     input_ids: ir.Value | None
     attention_mask: ir.Value
