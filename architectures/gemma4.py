@@ -18,13 +18,18 @@ Gemma 3's layer (sandwich norms, √hidden embedding scale, tanh-GELU, q/k norms
 - Per-layer embeddings (`hidden_size_per_layer_input`): a second table, [vocab, layers·P], plus a
   projection of the embeddings, give each layer a P-wide input that gates a branch after its MLP.
 - Each layer's output is multiplied by its stored `layer_scalar`; the final logits soft-capped.
-Not built (refused in the config): the MoE block (`enable_moe_block`: GeGLU experts, which ONNX
-Runtime's MoE/QMoE CPU kernels do not run) and bidirectional attention ("all").
+- The MoE block (`enable_moe_block`, gemma-4-26B-A4B): GeGLU experts beside the dense MLP, routed
+  from the residual. ONNX Runtime 1.31's MoE/QMoE CPU kernels run SwiGLU only, so the experts run
+  densely, exactly: every expert for every token as two stacked linears ([E·2I, H] and [H, E·I],
+  quantized as any linear), each expert's activation times its routing weight (0 off the top k).
+  That is num_experts / top_k_experts times the expert compute of a sparse kernel (a warning says so).
+Not built (refused in the config): bidirectional attention ("all").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import logging
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -48,6 +53,7 @@ from builder.target import Target
 
 from architectures.gemma import decoder_prefix, stream, text_vocabulary
 
+log = logging.getLogger("builder")
 FULL, SLIDING = "full_attention", "sliding_attention"
 VARIANTS: dict[str, dict[str, Any]] = {"Gemma4ForCausalLM": dict(model_type="gemma4_text")}
 VARIANTS["Gemma4ForConditionalGeneration"] = VARIANTS["Gemma4ForCausalLM"]
@@ -83,6 +89,9 @@ class Gemma4TextConfig(DecoderConfig):
     attention_k_eq_v: bool = False
     num_kv_shared_layers: int = 0
     enable_moe_block: bool = False
+    num_experts: int | None = None
+    top_k_experts: int | None = None
+    moe_intermediate_size: int | None = None
     use_double_wide_mlp: bool = False
     global_head_dim: int = 512
     num_global_key_value_heads: int | None = None
@@ -95,9 +104,8 @@ class Gemma4TextConfig(DecoderConfig):
     kv_source: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        if self.enable_moe_block:
-            raise ValueError("enable_moe_block: Gemma 4's experts are GeGLU (gelu_pytorch_tanh), which ONNX "
-                             "Runtime's MoE/QMoE CPU kernels do not run; builder builds the dense Gemma 4 only")
+        if self.enable_moe_block and not (self.num_experts and self.top_k_experts and self.moe_intermediate_size):
+            raise ValueError("enable_moe_block needs num_experts, top_k_experts and moe_intermediate_size")
         if self.use_bidirectional_attention == "all":
             raise ValueError("use_bidirectional_attention 'all': builder builds causal decoders only")
         super().__post_init__()
@@ -124,7 +132,8 @@ class Gemma4TextConfig(DecoderConfig):
             own = self.per_layer_config.get(str(layer), {})
             unknown = sorted(set(own) - set(PER_LAYER_KEYS))
             if unknown:
-                raise ValueError(f"per_layer_config.{layer}.{unknown[0]}: builder reads only {', '.join(PER_LAYER_KEYS)}")
+                raise ValueError(f"per_layer_config.{layer}.{unknown[0]}: builder reads only "
+                                 f"{', '.join(PER_LAYER_KEYS)}")
             return own.get("num_key_value_heads", self.num_key_value_heads), own.get("head_dim", self.head_dim)
         if self.layer_types[layer] != FULL:
             return self.num_key_value_heads, self.head_dim
@@ -256,6 +265,10 @@ def decoder_layer(d: Decoder, w: Weights, i: int) -> tuple[ir.Value, ...]:
     with g.scope("mlp"):
         h = gated_mlp(g, h, m("gate_proj.weight", I, H), m("up_proj.weight", I, H), m("down_proj.weight", H, I),
                       c.hidden_activation, d.target)
+    if c.enable_moe_block:
+        with g.scope("post_feedforward_layernorm_1"):
+            h = rms_norm(g, h, w("post_feedforward_layernorm_1.weight", H), c.rms_norm_eps, d.target)
+        h = g.op.Add(h, moe(d, w, s.value()))
     with g.scope("post_feedforward_layernorm"):
         s.add(h, w("post_feedforward_layernorm.weight", H))
     if c.hidden_size_per_layer_input:  # the layer's per-layer input gates a branch read from x itself
@@ -270,6 +283,61 @@ def decoder_layer(d: Decoder, w: Weights, i: int) -> tuple[ir.Value, ...]:
             s.add(h, w("post_per_layer_input_norm.weight", H))
     s.scale(w("layer_scalar", 1))
     return present
+
+
+def routing_weights(d: Decoder, r: Weights, x: ir.Value) -> ir.Value:
+    """Gemma4TextRouter: softmax(proj(norm(x) · scale · hidden^-½)) in float32, its top k
+    renormalized and times per_expert_scale, scattered over the experts: (B, S, E), 0 off the top k.
+    The router stays float (a logit moved by rounding can pick another expert)."""
+    g, c = d.g, d.c
+    H, E = c.hidden_size, c.num_experts
+    with g.scope("norm"):  # weightless norm, then the scale and hidden^-½, folded into its weight
+        scale = r("scale", H).map(lambda v: v.astype(np.float32) * np.float32(H ** -0.5), np.float32)
+        h = rms_norm(g, x, scale, c.rms_norm_eps, d.target)
+    with g.scope("proj"):
+        logits = linear(g, h, r("proj.weight", E, H), replace(d.target, quantization=None))  # (B, S, E)
+    probs = g.op.Softmax(g.op.Cast(logits, to=ir.DataType.FLOAT), axis=-1)
+    top, index = g.op.TopK(probs, g.constant([c.top_k_experts], "int64"), axis=-1, _outputs=2)  # (B, S, k)
+    top = g.op.Div(top, g.op.ReduceSum(top, g.constant([-1], "int64"), keepdims=1))
+    per_expert = g.weight("per_expert_scale", r("per_expert_scale", E).astype(np.float32))
+    top = g.op.Mul(top, g.op.Gather(per_expert, index, axis=0))
+    zeros = g.op.Mul(probs, g.constant(0.0, np.float32))
+    dense = g.op.ScatterElements(zeros, index, top, axis=-1)  # (B, S, E)
+    return g.op.Cast(dense, to=ir.DataType.from_numpy(d.target.io_dtype))
+
+
+def moe(d: Decoder, w: Weights, x: ir.Value) -> ir.Value:
+    """The experts' branch of Gemma4TextDecoderLayer (before post_feedforward_layernorm):
+    post_feedforward_layernorm_2(Σ_e p_e · down_e(gelu(gate_e(x')) · up_e(x'))), x' =
+    pre_feedforward_layernorm_2(x), p the router's weights of the residual x. Every expert runs
+    (p_e = 0 off the top k): gate_up as one [E·2I, H] linear, down as one [H, E·I] linear over the
+    weighted activations of all experts side by side."""
+    g, c, target = d.g, d.c, d.target
+    H, E, I = c.hidden_size, c.num_experts, c.moe_intermediate_size
+    with g.scope("router"):
+        p = routing_weights(d, w.under("router."), x)
+    with g.scope("pre_feedforward_layernorm_2"):
+        h = rms_norm(g, x, w("pre_feedforward_layernorm_2.weight", H), c.rms_norm_eps, target)
+    with g.scope("experts", "gate_up_proj"):
+        h = linear(g, h, w("experts.gate_up_proj", E, 2 * I, H).reshaped(E * 2 * I, H), target)
+    h = g.op.Reshape(h, g.constant([0, 0, E, 2 * I], "int64"))  # (B, S, E·2I) -> (B, S, E, 2I)
+    gate, up = g.op.Split(h, g.constant([I, I], "int64"), axis=-1, _outputs=2)
+    h = g.op.Mul(g.op.Mul(activation(g, gate, c.hidden_activation), up), g.op.Unsqueeze(p, g.constant([-1], "int64")))
+    h = g.op.Reshape(h, g.constant([0, 0, E * I], "int64"))  # (B, S, E, I) -> (B, S, E·I)
+    down = w("experts.down_proj", E, H, I).permuted(1, 0, 2).reshaped(H, E * I)  # [E, H, I] -> [H, E·I]
+    with g.scope("experts", "down_proj"):
+        h = linear(g, h, down, target)
+    with g.scope("post_feedforward_layernorm_2"):
+        return rms_norm(g, h, w("post_feedforward_layernorm_2.weight", H), c.rms_norm_eps, target)
+
+
+def prepare(d: Decoder) -> Shared:
+    c = d.c
+    if c.enable_moe_block:
+        log.warning("Gemma 4's GeGLU experts run densely (ONNX Runtime's MoE/QMoE CPU kernels run SwiGLU only): "
+                    "every expert for every token, %d/%d times a sparse kernel's expert compute",
+                    c.num_experts, c.top_k_experts)
+    return Shared()
 
 
 def embed(d: Decoder) -> ir.Value:
@@ -305,7 +373,7 @@ def final_norm(d: Decoder) -> ir.Value:
 
 FAMILY = register(Family(
     "gemma4", Gemma4TextConfig, decoder_layer, VARIANTS, parser=parse_config, rotary=rotary,
-    prepare=lambda d: Shared(), vocabulary=lambda d: text_vocabulary(d.g, d.ckpt, d.c, d.target), embed=embed,
+    prepare=prepare, vocabulary=lambda d: text_vocabulary(d.g, d.ckpt, d.c, d.target), embed=embed,
     stream=stream, prefix=lambda d: decoder_prefix(d.ckpt), final_norm=final_norm,
     logits=lambda d, h: d.vocab.logits(d.g, h, softcap=d.c.final_logit_softcapping),
     # The multimodal checkpoints' vision and audio towers and their embedders: not part of the decoder.

@@ -14,6 +14,8 @@ from fake_quant import fake_quantize_model
 from helpers import GENAI_PROMPT, build, make_checkpoint, relative_error
 from safetensors.numpy import load_file, save_file
 from test_family_lfm2 import PROMPT, RAGGED, STEPS, assert_steps_match, onnx_steps, reference_steps
+from test_family_moe import fake_quantize_experts
+from test_family_moe2 import ROUTER_SCALE
 
 import architectures
 from builder.errors import BuildError
@@ -35,13 +37,16 @@ LONG = [int(t) for t in np.random.default_rng(0).integers(3, 255, 29)]  # past t
 
 
 def make(folder, **overrides):
-    """A tiny random Gemma 4 whose layer_scalar buffers are random too (transformers keeps ones)."""
+    """A tiny random Gemma 4 whose layer_scalar buffers and router scales are random too
+    (transformers keeps ones), its routers decisive (random ones are near-uniform)."""
     make_checkpoint(folder, "Gemma4TextConfig", **{**CONFIG, **overrides})
     tensors = load_file(folder / "model.safetensors")
     rng = np.random.default_rng(1)
     for key, value in tensors.items():
-        if key.endswith("layer_scalar"):
+        if key.endswith(("layer_scalar", "router.scale", "router.per_expert_scale")):
             tensors[key] = rng.uniform(0.5, 1.5, value.shape).astype(value.dtype)
+        elif key.endswith("router.proj.weight"):
+            tensors[key] = value * ROUTER_SCALE
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     return folder
 
@@ -151,8 +156,45 @@ def test_hub_spelling_of_the_full_layers():
 
 @pytest.mark.parametrize("key, value", [("enable_moe_block", True), ("use_bidirectional_attention", "all")])
 def test_refuses_what_it_does_not_build(key, value):
+    # An MoE block without its sizes; bidirectional attention.
     with pytest.raises(BuildError, match=key):
         architectures.load("Gemma4ForCausalLM").parse_config({**CONFIG, key: value}, "Gemma4ForCausalLM")
+
+
+# gemma-4-26B-A4B's block: 4 GeGLU experts, top 2, beside the dense MLP (every layer).
+MOE = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=32)
+
+
+@pytest.fixture(scope="module")
+def moe_source(tmp_path_factory):
+    return make(tmp_path_factory.mktemp("gemma4_moe"), **MOE)
+
+
+def test_moe_fp32_prefill_and_decode_match_transformers(moe_source, tmp_path):
+    out = build(moe_source, tmp_path / "out", "-p", "fp32")
+    model = load(moe_source)
+    assert_steps_match(out, model)
+    assert_steps_match(out, model, LONG)
+
+
+def test_moe_int4_matches_fake_quantized_transformers(moe_source, tmp_path):
+    # The experts round as each expert's [out, in] rows (moe_intermediate_size is a whole number of
+    # blocks, so the [H, E·I] down matrix's blocks are each expert's); the router stays float.
+    out = build(moe_source, tmp_path / "out", "-p", "int4", "--accuracy-level", "0")
+    model = load(moe_source)
+    router = [m.router.proj.weight.clone() for m in model.model.layers]
+    int4 = PRECISION_DEFAULTS["int4"]
+    fake_quantize_experts(model, 4, 32, int4["symmetric"], int4["quant_method"])
+    with torch.no_grad():
+        for m, weight in zip(model.model.layers, router):
+            m.router.proj.weight.copy_(weight)
+    assert_steps_match(out, model, tolerance=1e-3, min_cosine=0.999)
+
+
+def test_moe_genai_greedy_matches_transformers(moe_source, tmp_path):
+    from test_genai import assert_same_greedy
+
+    assert_same_greedy(build(moe_source, tmp_path / "out", "-p", "fp32"), moe_source, GENAI_PROMPT)
 
 
 def test_windowed_cache_numbers_the_caches(source, tmp_path):
