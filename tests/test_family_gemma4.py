@@ -213,3 +213,10 @@ def test_verify_feeds_each_layers_kv_shape(source, tmp_path):
     from builder.cli import main
 
     assert main(["-m", str(source), "-o", str(tmp_path / "out"), "-q", "-p", "fp32", "--verify"]) == 0
+
+
+def test_moe_fp16_prefill_and_decode_close_to_transformers(moe_source, tmp_path):
+    out = build(moe_source, tmp_path / "out", "-p", "fp16")
+    want, fed = reference_steps(load(moe_source), LONG, STEPS)
+    for step, (g, w) in enumerate(zip(onnx_steps(out, LONG, fed), want)):
+        assert relative_error(g, w) < 1e-2, f"step {step}: relative error {relative_error(g, w):.2e}"
