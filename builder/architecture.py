@@ -49,6 +49,8 @@ class DecoderInfo:
     stateless_layers: list[int] = field(default_factory=list)
     # Conv layers that keep a KV cache as well (Falcon-H1's attention beside its Mamba mixer).
     hybrid_layers: list[int] = field(default_factory=list)
+    # Layers whose KV is shaped apart: layer -> (num_kv_heads, head_size) (Gemma 4's full layers).
+    layer_kv_dims: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 def decoder_info(c: Any) -> DecoderInfo:
@@ -65,8 +67,16 @@ def decoder_info(c: Any) -> DecoderInfo:
         context_length=c.max_position_embeddings, bos_token_id=c.bos_token_id,
         eos_token_ids=token_ids(c.eos_token_id), pad_token_id=c.pad_token_id,
         sliding_window=windows[sliding[0]] if sliding else None, sliding_window_layers=sliding,
-        **_conv_state_info(c),
+        **_conv_state_info(c), **_per_layer_kv_info(c),
     )
+
+
+def _per_layer_kv_info(c: Any) -> dict[str, Any]:
+    """DecoderInfo's per-layer KV fields for a config with `layer_kv_dims` (Gemma 4's): the layers
+    whose KV is shaped apart, and the layers that read another layer's KV (`stateless_layers`)."""
+    if getattr(c, "layer_kv_dims", None) is None:
+        return {}
+    return {"layer_kv_dims": dict(c.layer_kv_dims), "stateless_layers": list(c.stateless_layers)}
 
 
 def _conv_state_info(c: Any) -> dict[str, Any]:

@@ -76,13 +76,15 @@ def _decoder_section(info: DecoderInfo, target: Target, filename: str, inputs_em
         "num_key_value_heads": info.num_kv_heads,
     }
     if info.sliding_window_layers and target.windowed_kv_cache:
+        cached = [i for i in range(info.num_layers) if i not in info.stateless_layers]
         # onnxruntime-genai allocates these layers' KV window-long; GroupQueryAttention
         # (sliding_window_cache=1) writes them as ring buffers.
         decoder["sliding_window"] = {
             "window_size": info.sliding_window,
             "slide_key_value_cache": False,
             "slide_inputs": False,
-            "layers": info.sliding_window_layers,
+            # numbered as the caches are: layers without one (Gemma 4's KV-sharing layers) skipped
+            "layers": [n for n, layer in enumerate(cached) if layer in info.sliding_window_layers],
             "cache_slack": 0,
         }
     if info.conv_layers:

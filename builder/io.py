@@ -38,7 +38,9 @@ class DecoderIO:
     state, recurrent state) in that order. A `stateless` layer (Nemotron-H's MLP layers) reads and
     returns nothing: its `past` entry is None and it returns (). The state names number the layers
     that carry state (`slots`: layer -> number), as onnxruntime-genai numbers what it allocates:
-    it gives every layer it counts a KV cache or a conv state, so a stateless layer is not counted."""
+    it gives every layer it counts a KV cache or a conv state, so a stateless layer is not counted.
+    Gemma 4's KV-sharing layers are stateless too: they attend over another layer's `past`. Its
+    full-attention layers' KV has its own (heads, head size): `layer_kv_dims`."""
 
     input_ids: ir.Value | None
     attention_mask: ir.Value
@@ -51,25 +53,35 @@ class DecoderIO:
     recurrent: dict[int, ir.Value] = field(default_factory=dict)
     stateless: frozenset[int] = frozenset()
     slots: dict[int, int] = field(default_factory=dict)
+    layer_kv_dims: dict[int, tuple[int, int]] = field(default_factory=dict)  # layer -> its own kv_dims
+
+    def kv_dims_of(self, layer: int) -> tuple[int, int]:
+        """(num_kv_heads, head_size) of `layer`'s KV: its own where it differs (Gemma 4's full layers)."""
+        return self.layer_kv_dims.get(layer, self.kv_dims)
 
     @classmethod
     def create(
         cls, num_layers: int, num_kv_heads: int, head_size: int, io_dtype: np.dtype, windowed_layers=(),
         embeds_width: int | None = None, conv_layers=(), conv_state: tuple[int, int] | None = None,
         recurrent_state: tuple[int, ...] | None = None, stateless_layers=(), hybrid_layers=(),
+        layer_kv_dims: dict[int, tuple[int, int]] | None = None,
     ) -> DecoderIO:
         """`windowed_layers` keep a window-long KV ring buffer (see Target.windowed_kv_cache);
         `embeds_width` (the hidden size) makes the decoder read inputs_embeds instead of input_ids;
         `conv_layers` read a conv state of (channels, length) `conv_state` instead of a KV cache, and
         with `recurrent_state` (its shape less the batch) a recurrent state after it too;
         `stateless_layers` carry no state at all; `hybrid_layers` (conv layers too) read their KV
-        cache before those states."""
+        cache before those states; `layer_kv_dims` (layer -> (num_kv_heads, head_size)) gives the
+        layers whose KV is shaped apart (Gemma 4's full-attention layers)."""
         windowed, stateless = frozenset(windowed_layers), frozenset(stateless_layers)
         slots = {layer: n for n, layer in enumerate(i for i in range(num_layers) if i not in stateless)}
 
+        own = dict(layer_kv_dims or {})
+
         def kv(i: int, pattern: str) -> ir.Value:
             length = PAST_WINDOW if i in windowed else PAST
-            return _value(pattern % slots[i], io_dtype, (BATCH, num_kv_heads, length, head_size))
+            heads, size = own.get(i, (num_kv_heads, head_size))
+            return _value(pattern % slots[i], io_dtype, (BATCH, heads, length, size))
 
         conv = {i: _value(PAST_CONV % slots[i], io_dtype, (BATCH, *conv_state)) for i in conv_layers}
         recurrent = {} if recurrent_state is None else {
@@ -90,6 +102,7 @@ class DecoderIO:
             recurrent=recurrent,
             stateless=stateless,
             slots=slots,
+            layer_kv_dims=own,
         )
 
     @property
@@ -106,9 +119,9 @@ class DecoderIO:
         logits.name = "logits"
         logits.type = ir.TensorType(ir.DataType.from_numpy(logits_dtype(self.io_dtype)))
         logits.shape = ir.Shape((BATCH, SEQUENCE, vocab_size))
-        heads, size = self.kv_dims
         for i, present in enumerate(presents):
             if self.past[i] is not None:
+                heads, size = self.kv_dims_of(i)
                 key, value, *present = present
                 for v, pattern in ((key, PRESENT_KEY), (value, PRESENT_VALUE)):
                     v.name = pattern % self.slots[i]

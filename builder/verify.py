@@ -260,6 +260,7 @@ def verify(options: BuildOptions, output: Path, folder: Path, quiet: bool = Fals
     # Nemotron-H's MLP layers nothing: zeros of the declared shape first, as genai; KV where the
     # layer has it.
     inputs = {i.name for i in session.get_inputs()}
+    shapes = {i.name: i.shape for i in session.get_inputs()}
     states = {i.name: [1 if isinstance(d, str) else d for d in i.shape] for i in session.get_inputs()
               if i.name.startswith("past.")}
 
@@ -272,8 +273,9 @@ def verify(options: BuildOptions, output: Path, folder: Path, quiet: bool = Fals
                 continue
             cap = window["window_size"] if i in window.get("layers", []) else 0
             for kind in ("key", "value"):
-                feed[f"past_key_values.{i}.{kind}"] = past[f"present.{i}.{kind}"] if past else np.zeros(
-                    (1, decoder["num_key_value_heads"], cap, decoder["head_size"]), dtype)
+                name = f"past_key_values.{i}.{kind}"
+                _, heads, _, size = shapes[name]  # the layer's own (Gemma 4's full layers differ)
+                feed[name] = past[f"present.{i}.{kind}"] if past else np.zeros((1, heads, cap, size), dtype)
         return dict(zip(names, session.run(None, feed)))
 
     def compare(prompt_ids, extra, prefill_feed, prompt=""):

@@ -77,6 +77,12 @@ class ResidualStream:
             h = self._norm(h, norm, norm_bias)
         self.branch = h if self.branch is None else self.g.op.Add(self.branch, h)
 
+    def scale(self, factor: Weight) -> None:
+        """x ← (x + pending branches) · factor, in the stream's dtype (Gemma 4's layer_scalar)."""
+        if self.branch is not None:
+            self.x, self.branch = self.g.op.Add(self.x, self.branch), None
+        self.x = self.g.op.Mul(self.x, self.g.weight("layer_scalar", factor.astype(self.dtype)))
+
     def value(self) -> ir.Value:
         """x itself in the IO dtype, pending branches added (for layers that read the residual
         without a norm first, such as OLMo 2's post-norm layers)."""

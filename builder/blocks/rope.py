@@ -25,7 +25,7 @@ from builder.graph import Graph
 from builder.lazy import Weight
 from builder.target import Target
 
-ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
+ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope", "proportional")
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,8 @@ class Rope:
     def _scaled(cls, params: dict[str, Any], head_dim: int, max_position_embeddings: int) -> Rope:
         rope_type = params.get("rope_type", "default")
         base = float(params["rope_theta"])
+        if rope_type == "proportional":
+            return cls(proportional_inv_freq(params, base, head_dim))
         dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
         inv_freq = default_inv_freq(base, dim)
         if rope_type in ("default", "dynamic"):
@@ -93,6 +95,16 @@ def default_inv_freq(base: float, dim: int) -> np.ndarray:
     # 1 / base^(2i/dim), with the exponent formed in float32 as torch.arange(...).float() / dim does.
     exponent = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)
     return (1.0 / np.power(np.float32(base), exponent)).astype(np.float32)
+
+
+def proportional_inv_freq(params: dict[str, Any], base: float, head_dim: int) -> np.ndarray:
+    """Gemma 4's full layers (transformers' _compute_proportional_rope_parameters): the first
+    partial_rotary_factor of the head's pairs at 1 / base^(2i / head_dim) (exponents over the whole
+    head), the rest at frequency 0 (cos 1, sin 0: not rotated); the table spans the whole head."""
+    angles = int(params.get("partial_rotary_factor", 1.0) * head_dim // 2)
+    inv_freq = np.zeros(head_dim // 2, np.float32)
+    inv_freq[:angles] = default_inv_freq(base, head_dim)[:angles]
+    return (inv_freq / np.float32(params.get("factor", 1.0))).astype(np.float32)
 
 
 def llama3_inv_freq(inv_freq: np.ndarray, params: dict[str, Any]) -> np.ndarray:
