@@ -518,6 +518,31 @@ LLAMA_4_SCOUT = {
     "pad_token_id": 200018, "torch_dtype": "bfloat16",
 }
 
+# google/gemma-4-E2B-it's text decoder, from memory (not checked against the hub; shapes
+# approximate; the hub saves it as Gemma4ForConditionalGeneration, this is its Gemma4ForCausalLM
+# layout): 35 layers, four sliding (512) then one full, the last 20 sharing the KV of the last
+# layers that compute it (their MLPs twice as wide), per-layer inputs of 256.
+GEMMA_4_E2B = {
+    "architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", "vocab_size": 262144, "hidden_size": 1536,
+    "intermediate_size": 6144, "num_hidden_layers": 35, "num_attention_heads": 8, "num_key_value_heads": 1,
+    "head_dim": 256, "global_head_dim": 512, "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "sliding_window": 512,
+    "layer_types": ["full_attention" if i % 5 == 4 else "sliding_attention" for i in range(35)],
+    "num_kv_shared_layers": 20, "use_double_wide_mlp": True, "hidden_size_per_layer_input": 256,
+    "vocab_size_per_layer_input": 262144, "final_logit_softcapping": 30.0, "tie_word_embeddings": True,
+    "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0, "torch_dtype": "bfloat16",
+}
+
+# google/gemma-4-31B-it's text decoder, from memory (not checked against the hub; shapes
+# approximate): 60 layers, five sliding (1024) then one full whose keys are its values
+# (attention_k_eq_v: 4 KV heads of 512, no v_proj), no per-layer inputs, no KV sharing.
+GEMMA_4_31B = {
+    **GEMMA_4_E2B, "hidden_size": 5376, "intermediate_size": 21504, "num_hidden_layers": 60,
+    "num_attention_heads": 32, "num_key_value_heads": 16, "num_global_key_value_heads": 4, "attention_k_eq_v": True,
+    "sliding_window": 1024, "layer_types": ["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(60)],
+    "num_kv_shared_layers": 0, "use_double_wide_mlp": False, "hidden_size_per_layer_input": 0,
+}
+
 PRESETS: dict[str, dict] = {
     "Llama-3.2-1B": LLAMA_3_2_1B,
     "Llama-3.1-8B": LLAMA_3_1_8B,
@@ -565,6 +590,8 @@ PRESETS: dict[str, dict] = {
     "DeepSeek-V3": DEEPSEEK_V3,
     "Kimi-K2-Instruct": KIMI_K2,
     "Llama-4-Scout-17B-16E-Instruct": LLAMA_4_SCOUT,
+    "gemma-4-E2B-it": GEMMA_4_E2B,
+    "gemma-4-31B-it": GEMMA_4_31B,
 }
 
 
@@ -1274,6 +1301,47 @@ def llama4_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     yield "lm_head.weight", (V, H)
 
 
+def gemma4_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Gemma 4's text decoder: Gemma 3's sandwich-normed layers with a layer_scalar; full layers
+    of global_head_dim (with attention_k_eq_v, num_global_key_value_heads and no v_proj); the last
+    num_kv_shared_layers without k/v projections and, with use_double_wide_mlp, MLPs twice as wide;
+    with hidden_size_per_layer_input, the per-layer table, its projections and each layer's gate."""
+    H, V, n, I = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"], c["intermediate_size"]
+    heads, P = c["num_attention_heads"], c.get("hidden_size_per_layer_input") or 0
+    shared_from = n - c.get("num_kv_shared_layers", 0)
+    yield "model.embed_tokens.weight", (V, H)
+    if P:
+        yield "model.embed_tokens_per_layer.weight", (c["vocab_size_per_layer_input"], n * P)
+        yield "model.per_layer_model_projection.weight", (n * P, H)
+        yield "model.per_layer_projection_norm.weight", (P,)
+    for i in range(n):
+        p = f"model.layers.{i}."
+        full = c["layer_types"][i] == "full_attention"
+        D = c["global_head_dim"] if full else c["head_dim"]
+        kv = (c.get("num_global_key_value_heads") or c["num_key_value_heads"]) if full and c.get("attention_k_eq_v") \
+            else c["num_key_value_heads"]
+        for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm"):
+            yield p + f"{name}.weight", (H,)
+        yield p + "layer_scalar", (1,)
+        yield p + "self_attn.q_proj.weight", (heads * D, H)
+        yield p + "self_attn.q_norm.weight", (D,)
+        yield p + "self_attn.o_proj.weight", (H, heads * D)
+        if i < shared_from:
+            yield p + "self_attn.k_proj.weight", (kv * D, H)
+            yield p + "self_attn.k_norm.weight", (D,)
+            if not (full and c.get("attention_k_eq_v")):
+                yield p + "self_attn.v_proj.weight", (kv * D, H)
+        width = 2 * I if i >= shared_from and c.get("use_double_wide_mlp") else I
+        yield from ((p + f"mlp.{w}.weight", shape) for w, shape in
+                    (("gate_proj", (width, H)), ("up_proj", (width, H)), ("down_proj", (H, width))))
+        if P:
+            yield p + "per_layer_input_gate.weight", (P, H)
+            yield p + "per_layer_projection.weight", (H, P)
+            yield p + "post_per_layer_input_norm.weight", (H,)
+    yield "model.norm.weight", (H,)
+
+
 TENSORS = {
     "llama": llama_tensors, "mistral": llama_tensors, "qwen2": llama_tensors, "qwen3": llama_tensors,
     "granite": llama_tensors, "smollm3": llama_tensors, "seed_oss": llama_tensors, "ernie4_5": llama_tensors,
@@ -1289,7 +1357,7 @@ TENSORS = {
     "apertus": apertus_tensors, "lfm2": lfm2_tensors, "lfm2_moe": lfm2_moe_tensors,
     "qwen3_5_text": qwen3_5_tensors, "granitemoehybrid": granitemoehybrid_tensors, "nemotron_h": nemotron_h_tensors,
     "qwen3_next": qwen3_next_tensors, "falcon_h1": falcon_h1_tensors, "deepseek_v3": deepseek_v3_tensors,
-    "llama4_text": llama4_tensors,
+    "llama4_text": llama4_tensors, "gemma4_text": gemma4_tensors,
 }
 
 
@@ -1357,7 +1425,8 @@ SHRINK = {"vocab_size": 512, "hidden_size": 128, "intermediate_size": 256, "num_
           "linear_value_head_dim": 32, "shared_expert_intermediate_size": 128, "shared_intermediate_size": 128,
           "mamba_d_ssm": 512, "kv_lora_rank": 64, "q_lora_rank": 96, "qk_rope_head_dim": 16, "qk_nope_head_dim": 32,
           "v_head_dim": 32, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1,
-          "intermediate_size_mlp": 256, "attention_chunk_size": 16, "floor_scale": 16}
+          "intermediate_size_mlp": 256, "attention_chunk_size": 16, "floor_scale": 16, "global_head_dim": 128,
+          "hidden_size_per_layer_input": 32, "vocab_size_per_layer_input": 512}
 
 
 def shrunk(config: dict) -> dict:
@@ -1377,6 +1446,9 @@ def shrunk(config: dict) -> dict:
     for key in ("no_rope_layers", "layer_types", "hybrid_override_pattern"):  # per-layer lists follow the layer count
         if isinstance(text.get(key), (list, str)):
             text[key] = text[key][: text["num_hidden_layers"]]
+    if text.get("model_type") == "gemma4_text":  # both kinds, a shared layer with one to share
+        text["layer_types"] = ["sliding_attention", "full_attention", "full_attention"]  # the last is global
+        text["num_kv_shared_layers"] = min(text.get("num_kv_shared_layers", 0), 1)
     if text.get("model_type") == "llama4_text":  # its router scales one expert's input: top 1 stays
         text["num_experts_per_tok"] = 1
     if text.get("model_type") == "hunyuan_v1_moe":  # the original code's per-layer lists, at the shrunk sizes
