@@ -110,6 +110,10 @@ class Gemma4TextConfig(DecoderConfig):
             raise ValueError("use_bidirectional_attention 'all': builder builds causal decoders only")
         super().__post_init__()
         set_ = object.__setattr__
+        if self.per_layer_config is not None:  # transformers writes the layer keys zero-padded ("05") and reads int(key)
+            if not all(str(k).isdigit() for k in self.per_layer_config):
+                raise ValueError(f"per_layer_config has a key that is no layer index: {sorted(self.per_layer_config)}")
+            set_(self, "per_layer_config", {str(int(k)): v for k, v in self.per_layer_config.items()})
         types = list(self.layer_types)
         types[-1] = FULL  # Gemma4TextConfig forces the last layer global, whatever config.json says
         set_(self, "layer_types", types)

@@ -220,3 +220,15 @@ def test_moe_fp16_prefill_and_decode_close_to_transformers(moe_source, tmp_path)
     want, fed = reference_steps(load(moe_source), LONG, STEPS)
     for step, (g, w) in enumerate(zip(onnx_steps(out, LONG, fed), want)):
         assert relative_error(g, w) < 1e-2, f"step {step}: relative error {relative_error(g, w):.2e}"
+
+
+def test_per_layer_config_keys_as_transformers_writes_them():
+    # transformers 5 writes per_layer_config's layer keys zero-padded ("05", "11") and reads int(key):
+    # read as strings, "05" was no layer 5, whose head size fell back to the sliding one.
+    import architectures
+
+    raw = {**json.loads(transformers.Gemma4TextConfig().to_json_string(use_diff=False)),
+           "architectures": ["Gemma4ForCausalLM"]}
+    assert "05" in raw["per_layer_config"]
+    c = architectures.load("Gemma4ForCausalLM").parse_config(raw, "Gemma4ForCausalLM")
+    assert c.layer_dims[5] == c.layer_dims[29] == (raw["num_key_value_heads"], 512)
