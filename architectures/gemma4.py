@@ -39,7 +39,7 @@ from builder.architecture import Weights
 from builder.blocks import AttentionSpec, gated_mlp
 from builder.blocks.attention import group_query_attention
 from builder.blocks.embedding import embedding
-from builder.blocks.linear import linear
+from builder.blocks.linear import linear, quantized_weight
 from builder.blocks.mlp import activation
 from builder.blocks.norm import rms_norm
 from builder.blocks.rope import ExplicitRotary, Rope, rotary_tables
@@ -356,7 +356,13 @@ def embed(d: Decoder) -> ir.Value:
     w = Weights(d.ckpt, decoder_prefix(d.ckpt))
     with g.scope("model", "embed_tokens_per_layer"):
         table = w("embed_tokens_per_layer.weight", c.vocab_size_per_layer_input, L * P)
-        tokens = embedding(g, d.io.input_ids, table, d.target, scale=float(np.sqrt(P)))
+        # The per-layer table is the E models' largest tensor (2.3 B of E2B's 5 B weights), only ever
+        # gathered: a quantized build gathers it from 8-bit blocks (GatherBlockQuantized, RTN,
+        # symmetric) rather than a float copy (9.4 GB in an int4 CPU build's float32).
+        q = d.target.quantization
+        rows = None if q is None else quantized_weight(g, table, replace(q, symmetric=True, method="rtn"),
+                                                       d.target.io_dtype, 8)
+        tokens = embedding(g, d.io.input_ids, table, d.target, scale=float(np.sqrt(P)), shared=rows)
     with g.scope("model", "per_layer_model_projection"):
         projected = linear(g, x, w("per_layer_model_projection.weight", L * P, H), d.target)
         projected = g.op.Mul(projected, g.constant(H ** -0.5, d.target.io_dtype))

@@ -157,6 +157,10 @@ def _reference_model(folder: Path, options: BuildOptions, quiet: bool = False):
                         w[rows] = dequantize(m, w.shape[1], bits)
             for name, module in model.named_modules():
                 _round_stacked_experts(name, module, target, model.config)
+                if name.endswith("embed_tokens_per_layer"):  # Gemma 4's, gathered from 8-bit blocks (gemma4.py)
+                    table = module.weight.numpy()
+                    m = quantize(table, 8, q.block_size, True, np.float32, "rtn")
+                    table[...] = dequantize(m, table.shape[1], 8)
     return model
 
 
