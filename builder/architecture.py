@@ -45,7 +45,7 @@ class DecoderInfo:
     layer_types: list[str] | None = None
     # Linear-attention layers (Qwen3.5's gated DeltaNet): a recurrent state beside the conv state.
     recurrent_state: tuple[int, ...] | None = None
-    # Layers without any state (Nemotron-H's MLP layers): no KV, no conv state.
+    # Layers without any state of their own (Nemotron-H's MLP and expert layers, Gemma 4's KV-sharing ones).
     stateless_layers: list[int] = field(default_factory=list)
     # Conv layers that keep a KV cache as well (Falcon-H1's attention beside its Mamba mixer).
     hybrid_layers: list[int] = field(default_factory=list)

@@ -35,10 +35,11 @@ class DecoderIO:
     return (conv state, recurrent state). A layer that attends and scans in parallel (Falcon-H1's
     every layer: `hybrid_layers`, among the conv layers) keeps its KV as well: it reads
     past_key_values.%d.key, .value, then past.%d.conv, .recurrent, and returns (key, value, conv
-    state, recurrent state) in that order. A `stateless` layer (Nemotron-H's MLP layers) reads and
-    returns nothing: its `past` entry is None and it returns (). The state names number the layers
-    that carry state (`slots`: layer -> number), as onnxruntime-genai numbers what it allocates:
-    it gives every layer it counts a KV cache or a conv state, so a stateless layer is not counted.
+    state, recurrent state) in that order. A `stateless` layer (Nemotron-H's MLP and expert
+    layers) reads and returns nothing: its `past` entry is None and it returns (). The state
+    names number the layers that carry state (`slots`: layer -> number), as onnxruntime-genai
+    numbers what it allocates: it gives every layer it counts a KV cache or a conv state, so a
+    stateless layer is not counted.
     Gemma 4's KV-sharing layers are stateless too: they attend over another layer's `past`. Its
     full-attention layers' KV has its own (heads, head size): `layer_kv_dims`."""
 

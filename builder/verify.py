@@ -261,7 +261,7 @@ def verify(options: BuildOptions, output: Path, folder: Path, quiet: bool = Fals
 
     # A hybrid's convolution layers (LFM2) carry a conv state instead of KV, linear-attention and
     # Mamba layers (Qwen3.5, Granite 4.0) a recurrent state too, Falcon-H1's both beside KV,
-    # Nemotron-H's MLP layers nothing: zeros of the declared shape first, as genai; KV where the
+    # Nemotron-H's MLP and expert layers nothing: zeros of the declared shape first, as genai; KV where the
     # layer has it.
     inputs = {i.name for i in session.get_inputs()}
     shapes = {i.name: i.shape for i in session.get_inputs()}
