@@ -190,3 +190,19 @@ def test_tokenizer_encodes_like_transformers(tmp_path, arch):
         assert genai.encode(text).tolist() == want, text
     config = json.loads((out / "tokenizer_config.json").read_text())
     assert config["chat_template"] == theirs.chat_template and config["eos_token"] == theirs.eos_token
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "llama"], ids=["tied", "untied"])
+def test_an_8bit_token_embedding_is_gathered_as_stored(tmp_path, arch):
+    # llama.cpp keeps token_embd at Q8_0 (or Q6_K) beside Q4 layers. An int4 build wrote it as a
+    # float32 Gather table beside lm_head's 8-bit copy of the same codes: the real SmolLM2-135M
+    # Q4_1 file built to 228.6 MB (115.4 MB now, 111.6 MB the lossless minimum). Now the lookup
+    # gathers the stored codes (tied: lm_head's), and the logits are the same.
+    path = make_gguf(tmp_path, arch, {"token_embd.*": "Q8_0", "*": "Q4_1"})
+    out = build(path, tmp_path / "out", "-p", "int4", "--accuracy-level", "0")
+    model = onnx.load(out / "model.onnx", load_external_data=False)
+    gathers = [n for n in model.graph.node if "Gather" in n.op_type and n.op_type != "GatherElements"]
+    assert [n.op_type for n in gathers] == ["GatherBlockQuantized"]
+    assert {a.name: a.i for a in gathers[0].attribute}["bits"] == 8
+    assert not any(t.name == "model.embed_tokens.weight" for t in model.graph.initializer)
+    assert_same_logits(path, out)

@@ -24,9 +24,9 @@ def embedding(
     """
     q = target.quantization
     if shared is None and q is not None:
-        if weight.blocks is not None:  # stored pre-quantized (GGUF): gathered as stored when asked
+        if weight.blocks is not None:  # stored pre-quantized (GGUF): gathered as stored, the file's codes
             # (not an act-order GPTQ table: its columns are permuted)
-            bits, wanted = weight.blocks.bits, q.embeddings and weight.blocks.input_order is None
+            bits, wanted = weight.blocks.bits, weight.blocks.input_order is None
         else:
             bits = q.bits_for("model.embed_tokens", source_modules(weight.sources))
             wanted = (q.embeddings and q.bits == 4) or (q.bits == 4 and bits == 8)

@@ -35,11 +35,6 @@ class QuantizedValues:
     input_order: ir.Value | None = None  # int64 [K]: B's input features in this order (GPTQ act-order)
 
 
-def stored_bits(weight: Weight, q: Quantization) -> int:
-    """The bits a quantized `weight` will have: its own when stored pre-quantized, else the build's."""
-    return weight.blocks.bits if weight.blocks is not None else q.bits
-
-
 def module_name(g: Graph) -> str:
     """The dotted Hugging Face module path of the current scope (`model.layers.0.mlp.down_proj`)."""
     return g.path.strip("/").replace("/", ".")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
-from builder.blocks.linear import QuantizedValues, linear, quantized_weight, stored_bits
+from builder.blocks.linear import QuantizedValues, linear, quantized_weight
 from builder.graph import Graph
 from builder.io import logits_dtype
 from builder.lazy import Weight
@@ -21,14 +21,17 @@ def shared_vocabulary(g: Graph, weight: Weight, target: Target) -> Shared | None
     transposed (FusedMatMul transB=1) instead of storing a transposed copy. An int8 build's lm_head
     is not shared (its lookup keeps its own float table, as before); an int8 lm_head in an int4
     build (int8_layers, the mixed preset) is: ONNX Runtime's GatherBlockQuantized reads 8 bits too.
+    A matrix stored pre-quantized (a GGUF's token_embd, often Q8_0 or Q6_K beside Q4 layers) is
+    shared at its own bits in any quantized build: the lookup gathers the file's codes.
     """
     if not target.quantizes("lm_head"):
         with g.scope("model", "embed_tokens"):
             return g.weight("weight", weight.astype(target.io_dtype))
     q = target.quantization
-    if q.bits != 4 or stored_bits(weight, q) != 4:  # int8 builds, and 8-bit blocks stored pre-quantized
-        return None
-    if weight.blocks is not None and weight.blocks.input_order is not None:  # act-order: columns permuted
+    if weight.blocks is not None:  # stored pre-quantized (GGUF): its own 4- or 8-bit codes, shared as stored,
+        if weight.blocks.input_order is not None:  # unless act-order GPTQ's permuted columns
+            return None
+    elif q.bits != 4:  # an int8 build of float weights
         return None
     with g.scope("lm_head"):
         return quantized_weight(g, weight, q, target.io_dtype, q.bits_for("lm_head", source_modules(weight.sources)))
