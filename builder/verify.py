@@ -145,6 +145,7 @@ def _reference_model(folder: Path, options: BuildOptions, quiet: bool = False):
     q = target.quantization
     if q is not None:
         with torch.no_grad():
+            _untie_float_lookup(model, q)
             for name, module in model.named_modules():
                 if (not isinstance(module, torch.nn.Linear) or any(part in name for part in FLOAT_TOWERS)
                         or name.endswith(FLOAT_ROUTERS)):
@@ -162,6 +163,17 @@ def _reference_model(folder: Path, options: BuildOptions, quiet: bool = False):
                     m = quantize(table, 8, q.block_size, True, np.float32, "rtn")
                     table[...] = dequantize(m, table.shape[1], 8)
     return model
+
+
+def _untie_float_lookup(model, q) -> None:
+    """An int8 build's tied vocabulary keeps a float lookup table beside its 8-bit lm_head
+    (builder/blocks/lm_head.py): rounding lm_head in place must not round the embedding that
+    transformers ties to it. (An int4 build gathers from lm_head's own codes: rounded alike.)"""
+    import torch
+
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if q.bits == 8 and head is not None and embed.weight is head.weight:
+        embed.weight = torch.nn.Parameter(embed.weight.detach().clone(), requires_grad=False)
 
 
 def _round_stacked_experts(name: str, module, target, config) -> None:
