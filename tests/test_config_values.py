@@ -254,3 +254,44 @@ def test_a_build_past_this_machines_memory_is_refused_before_writing(src, tmp_pa
     assert_one_line(rc, err, "--context-length")
     assert not (tmp_path / "out").exists()
     assert run(capsys, "-m", src, "-o", tmp_path / "out", "-p", "fp32", "--context-length", "256")[0] == 0
+
+
+# The config keys the hybrid and MLA families parse themselves, malformed: one line, exit 2.
+FAMILY_KEYS = {
+    "nemotron_h": [dict(hybrid_override_pattern=5, layers_block_type=None),
+                   dict(hybrid_override_pattern="MXZ", layers_block_type=None),
+                   dict(layers_block_type="abc"), dict(layers_block_type=["linear_attention", 3]), dict(n_group=3)],
+    "granitemoehybrid": [dict(time_step_limit=["a", 1]), dict(time_step_limit=[1.0, 0.5]),
+                         dict(time_step_limit=[{"__float__": "NaN"}, 1]), dict(mamba_d_head="x"),
+                         dict(mamba_n_groups=4), dict(layer_types=["mamba", "conv", "mamba", "mamba"])],
+    "deepseek_v3": [dict(qk_rope_head_dim=15), dict(q_lora_rank="x"), dict(kv_lora_rank=0)],
+    "gemma4": [dict(per_layer_config={"x": {}}), dict(per_layer_config={"1": {"foo": 1}}),
+               dict(num_kv_shared_layers=99)],
+}
+
+
+@pytest.fixture(scope="module")
+def family_sources(tmp_path_factory):
+    import test_family_deepseek_v3
+    import test_family_gemma4
+    import test_family_granitemoehybrid
+    import test_family_nemotron_h
+
+    makers = {"nemotron_h": test_family_nemotron_h.make, "granitemoehybrid": test_family_granitemoehybrid.make,
+              "deepseek_v3": test_family_deepseek_v3.make, "gemma4": test_family_gemma4.make}
+    return {name: make(tmp_path_factory.mktemp(name)) for name, make in makers.items()}
+
+
+@pytest.mark.parametrize("family, change", [(f, c) for f, cs in FAMILY_KEYS.items() for c in cs],
+                         ids=[f"{f}-{next(iter(c))}-{i}" for f, cs in FAMILY_KEYS.items() for i, c in enumerate(cs)])
+def test_family_keys_malformed_are_refused_in_one_line(family_sources, tmp_path, capsys, family, change):
+    source = tmp_path / "src"
+    shutil.copytree(family_sources[family], source)
+    config = {k: v for k, v in {**json.loads((source / "config.json").read_text()), **change}.items()
+              if v is not None}
+    (source / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    assert main(["-m", str(source), "-o", str(tmp_path / "out"), "-q", "-p", "fp32"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    assert not (tmp_path / "out").exists()
