@@ -26,13 +26,12 @@ import numpy as np
 import onnx_ir as ir
 
 from architectures.moe import dense_mlp
-from builder.architecture import Weights, attention_weights, vocabulary
+from builder.architecture import Weights, attention_weights, prefix_holding, vocabulary
 from builder.blocks import AttentionSpec, Rope, rotary_tables, self_attention
 from builder.blocks.attention import attention_temperature, chunk_mask
 from builder.blocks.linear import linear
 from builder.blocks.moe import routed_experts
 from builder.decoder_config import DecoderConfig
-from builder.errors import BuildError
 from builder.family import Decoder, Family, parse, register
 from builder.hf_config import text_config
 from builder.inputs.source import Checkpoint
@@ -109,10 +108,7 @@ PREFIXES = {"model.": "lm_head.weight", "language_model.model.": "language_model
 
 
 def decoder_prefix(ckpt: Checkpoint) -> str:
-    for prefix in PREFIXES:
-        if f"{prefix}embed_tokens.weight" in ckpt:
-            return prefix
-    raise BuildError(f"the checkpoint has no embed_tokens.weight under {', '.join(PREFIXES)}")
+    return prefix_holding(ckpt, "embed_tokens.weight", tuple(PREFIXES))
 
 
 def llama4_vocabulary(d: Decoder):

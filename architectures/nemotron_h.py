@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from architectures.granitemoehybrid import MambaStates
-from builder.architecture import Weights, attention_weights, vocabulary
+from builder.architecture import Weights, attention_weights, prefix_holding, vocabulary
 from builder.blocks import AttentionSpec, plain_mlp, self_attention
 from builder.blocks.linear import linear
 from builder.blocks.mamba2 import Mamba2Spec, Mamba2Weights, mamba2_mixer
@@ -218,10 +218,7 @@ def decoder_layer(d: Decoder, w: Weights, i: int):
 
 def decoder_prefix(ckpt: Checkpoint) -> str:
     """backbone.* (the hub's checkpoints) or model.* (transformers' save_pretrained)."""
-    for prefix in ("backbone.", "model."):
-        if f"{prefix}embeddings.weight" in ckpt:
-            return prefix
-    raise BuildError("the checkpoint has no backbone.embeddings.weight (nor model.embeddings.weight)")
+    return prefix_holding(ckpt, "embeddings.weight", ("backbone.", "model."))
 
 
 def nemotron_h_vocabulary(d: Decoder):

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from builder.architecture import Weights, vocabulary
+from builder.architecture import Weights, prefix_holding, vocabulary
 from builder.blocks import AttentionSpec, AttentionWeights, gated_mlp
 from builder.blocks.gated_attention import gated_self_attention, split_query_gate
 from builder.blocks.gated_deltanet import DeltaHeads, gated_delta_rule
@@ -34,7 +34,6 @@ from builder.blocks.mlp import activation
 from builder.blocks.norm import rms_norm
 from builder.blocks.short_conv import causal_conv
 from builder.decoder_config import DecoderConfig
-from builder.errors import BuildError
 from builder.family import Decoder, Family, conv_padding, parse, register
 from builder.hf_config import text_config
 from builder.inputs.source import Checkpoint
@@ -199,10 +198,7 @@ def parse_config(family: Family, raw: dict[str, Any], architecture: str) -> Qwen
 def decoder_prefix(ckpt: Checkpoint) -> str:
     """Where the decoder's tensors are: model.* (Qwen3_5ForCausalLM) or model.language_model.*
     (Qwen3_5ForConditionalGeneration)."""
-    for prefix in ("model.", "model.language_model."):
-        if f"{prefix}embed_tokens.weight" in ckpt:
-            return prefix
-    raise BuildError("the checkpoint has no model.embed_tokens.weight (nor model.language_model.embed_tokens.weight)")
+    return prefix_holding(ckpt, "embed_tokens.weight", ("model.", "model.language_model."))
 
 
 def qwen3_5_vocabulary(d: Decoder):

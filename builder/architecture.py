@@ -13,6 +13,7 @@ import onnx_ir as ir
 from builder.blocks.attention import AttentionWeights
 from builder.blocks.vocabulary import Vocabulary
 from builder.config_checks import token_ids, warn_past_vocabulary
+from builder.errors import BuildError
 from builder.graph import Graph
 from builder.inputs.source import Checkpoint
 from builder.lazy import Weight
@@ -128,6 +129,16 @@ def attention_weights(
         v_bias=a("v_proj.bias", kv_dim) if qkv_bias else None, o_bias=a("o_proj.bias", H) if o_bias else None,
         q_norm=qk_norm("q_norm.weight", D) if qk_norm else None, k_norm=qk_norm("k_norm.weight", D) if qk_norm else None,
     )
+
+
+def prefix_holding(ckpt: Checkpoint, tensor: str, prefixes: tuple[str, ...]) -> str:
+    """The first of `prefixes` under which the checkpoint holds `tensor` (where a family's decoder
+    is: `model.`, a multimodal checkpoint's `model.language_model.`, Nemotron-H's `backbone.`);
+    none is a one-line error naming them all."""
+    for prefix in prefixes:
+        if prefix + tensor in ckpt:
+            return prefix
+    raise BuildError(f"the checkpoint has no {tensor} under {', '.join(prefixes)}")
 
 
 def decoder_layers(

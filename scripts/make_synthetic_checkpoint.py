@@ -1100,6 +1100,19 @@ def qwen3_5_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     yield "model.norm.weight", (H,)
 
 
+def _swiglu(prefix: str, width: int, hidden: int) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """A SwiGLU MLP's gate_proj, up_proj and down_proj under `prefix`, `width` wide."""
+    yield from ((prefix + f"{w}.weight", shape) for w, shape in
+                (("gate_proj", (width, hidden)), ("up_proj", (width, hidden)), ("down_proj", (hidden, width))))
+
+
+def _attention(prefix: str, heads: int, kv: int, head_dim: int, hidden: int) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """An attention's q/k/v/o_proj under `prefix` (no biases)."""
+    q, k = heads * head_dim, kv * head_dim
+    yield from ((prefix + f"{w}.weight", shape) for w, shape in
+                (("q_proj", (q, hidden)), ("k_proj", (k, hidden)), ("v_proj", (k, hidden)), ("o_proj", (hidden, q))))
+
+
 def _mamba2_tensors(p: str, H: int, heads: int, head_dim: int, groups: int, state: int, kernel: int,
                     conv_bias: bool, proj_bias: bool) -> Iterator[tuple[str, tuple[int, ...]]]:
     """A Mamba-2 mixer's tensors under `p`: in_proj (z, xBC, dt), conv1d, dt_bias, A_log, D, the gated norm, out_proj."""
@@ -1135,8 +1148,7 @@ def granitemoehybrid_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
                                        c["mamba_n_groups"], c["mamba_d_state"], c["mamba_d_conv"],
                                        c["mamba_conv_bias"], c["mamba_proj_bias"])
         else:
-            yield from ((p + f"self_attn.{w}.weight", shape) for w, shape in (
-                ("q_proj", (heads * D, H)), ("k_proj", (kv * D, H)), ("v_proj", (kv * D, H)), ("o_proj", (H, heads * D))))
+            yield from _attention(p + "self_attn.", heads, kv, D, H)
         yield p + "shared_mlp.input_linear.weight", (2 * S, H)
         yield p + "shared_mlp.output_linear.weight", (H, S)
         if E:
@@ -1161,8 +1173,7 @@ def nemotron_h_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
             yield from _mamba2_tensors(p + "mixer.", H, c["mamba_num_heads"], c["mamba_head_dim"], c["n_groups"],
                                        c["ssm_state_size"], c["conv_kernel"], c["use_conv_bias"], c["use_bias"])
         elif kind == "*":
-            yield from ((p + f"mixer.{w}.weight", shape) for w, shape in (
-                ("q_proj", (heads * D, H)), ("k_proj", (kv * D, H)), ("v_proj", (kv * D, H)), ("o_proj", (H, heads * D))))
+            yield from _attention(p + "mixer.", heads, kv, D, H)
         elif kind == "E":  # the router and its bias, per-expert relu² MLPs, the shared MLP
             E, M, S = c["n_routed_experts"], c["moe_intermediate_size"], c["moe_shared_expert_intermediate_size"]
             yield p + "mixer.gate.weight", (E, H)
@@ -1200,10 +1211,8 @@ def qwen3_next_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
                 p = name[: -len("gate_proj.weight")]
                 yield p + "gate.weight", (E, H)
                 for e in range(E):
-                    yield from ((p + f"experts.{e}.{w}.weight", shape) for w, shape in (
-                        ("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I))))
-                yield from ((p + f"shared_expert.{w}.weight", shape) for w, shape in (
-                    ("gate_proj", (S, H)), ("up_proj", (S, H)), ("down_proj", (H, S))))
+                    yield from _swiglu(p + f"experts.{e}.", I, H)
+                yield from _swiglu(p + "shared_expert.", S, H)
                 yield p + "shared_expert_gate.weight", (1, H)
         else:
             yield name, shape
@@ -1223,10 +1232,8 @@ def falcon_h1_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
         mamba = _mamba2_tensors(p + "mamba.", H, c["mamba_n_heads"], inner // c["mamba_n_heads"], c["mamba_n_groups"],
                                 c["mamba_d_state"], c["mamba_d_conv"], c["mamba_conv_bias"], c["mamba_proj_bias"])
         yield from ((name, shape) for name, shape in mamba if c["mamba_rms_norm"] or not name.endswith("norm.weight"))
-        yield from ((p + f"self_attn.{w}.weight", shape) for w, shape in (
-            ("q_proj", (heads * D, H)), ("k_proj", (kv * D, H)), ("v_proj", (kv * D, H)), ("o_proj", (H, heads * D))))
-        yield from ((p + f"feed_forward.{w}.weight", shape) for w, shape in
-                    (("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I))))
+        yield from _attention(p + "self_attn.", heads, kv, D, H)
+        yield from _swiglu(p + "feed_forward.", I, H)
     yield "model.final_layernorm.weight", (H,)
     if not c.get("tie_word_embeddings"):
         yield "lm_head.weight", (V, H)
@@ -1240,11 +1247,6 @@ def deepseek_v3_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     heads, rank, rope, nope, v = (c["num_attention_heads"], c["kv_lora_rank"], c["qk_rope_head_dim"],
                                   c["qk_nope_head_dim"], c["v_head_dim"])
     qk, q_rank, E = nope + rope, c["q_lora_rank"], c["n_routed_experts"]
-
-    def swiglu(p: str, width: int) -> Iterator[tuple[str, tuple[int, ...]]]:
-        yield from ((p + f"{w}.weight", shape) for w, shape in
-                    (("gate_proj", (width, H)), ("up_proj", (width, H)), ("down_proj", (H, width))))
-
     yield "model.embed_tokens.weight", (V, H)
     for i in range(n):
         p = f"model.layers.{i}."
@@ -1259,13 +1261,13 @@ def deepseek_v3_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
         yield from ((a + "kv_a_proj_with_mqa.weight", (rank + rope, H)), (a + "kv_a_layernorm.weight", (rank,)),
                     (a + "kv_b_proj.weight", (heads * (nope + v), rank)), (a + "o_proj.weight", (H, heads * v)))
         if i < c["first_k_dense_replace"]:
-            yield from swiglu(p + "mlp.", I)
+            yield from _swiglu(p + "mlp.", I, H)
             continue
         yield p + "mlp.gate.weight", (E, H)
         yield p + "mlp.gate.e_score_correction_bias", (E,)
         for e in range(E):
-            yield from swiglu(p + f"mlp.experts.{e}.", M)
-        yield from swiglu(p + "mlp.shared_experts.", M * c["n_shared_experts"])
+            yield from _swiglu(p + f"mlp.experts.{e}.", M, H)
+        yield from _swiglu(p + "mlp.shared_experts.", M * c["n_shared_experts"], H)
     yield "model.norm.weight", (H,)
     yield "lm_head.weight", (V, H)
 
@@ -1277,26 +1279,20 @@ def llama4_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     H, V, n, I = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"], c["intermediate_size"]
     heads, kv, D, E = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"], c["num_local_experts"]
     step = c.get("interleave_moe_layer_step", 1)
-
-    def swiglu(p: str, width: int) -> Iterator[tuple[str, tuple[int, ...]]]:
-        yield from ((p + f"{w}.weight", shape) for w, shape in
-                    (("gate_proj", (width, H)), ("up_proj", (width, H)), ("down_proj", (H, width))))
-
     yield "model.embed_tokens.weight", (V, H)
     for i in range(n):
         p = f"model.layers.{i}."
         yield p + "input_layernorm.weight", (H,)
         yield p + "post_attention_layernorm.weight", (H,)
-        yield from ((p + f"self_attn.{w}.weight", shape) for w, shape in (
-            ("q_proj", (heads * D, H)), ("k_proj", (kv * D, H)), ("v_proj", (kv * D, H)), ("o_proj", (H, heads * D))))
+        yield from _attention(p + "self_attn.", heads, kv, D, H)
         f = p + "feed_forward."
         if i % step == step - 1:
             yield f + "router.weight", (E, H)
             yield f + "experts.gate_up_proj", (E, H, 2 * I)
             yield f + "experts.down_proj", (E, I, H)
-            yield from swiglu(f + "shared_expert.", I)
+            yield from _swiglu(f + "shared_expert.", I, H)
         else:
-            yield from swiglu(f, c["intermediate_size_mlp"])
+            yield from _swiglu(f, c["intermediate_size_mlp"], H)
     yield "model.norm.weight", (H,)
     yield "lm_head.weight", (V, H)
 
@@ -1333,8 +1329,7 @@ def gemma4_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
             if not (full and c.get("attention_k_eq_v")):
                 yield p + "self_attn.v_proj.weight", (kv * D, H)
         width = 2 * I if i >= shared_from and c.get("use_double_wide_mlp") else I
-        yield from ((p + f"mlp.{w}.weight", shape) for w, shape in
-                    (("gate_proj", (width, H)), ("up_proj", (width, H)), ("down_proj", (H, width))))
+        yield from _swiglu(p + "mlp.", width, H)
         if P:
             yield p + "per_layer_input_gate.weight", (P, H)
             yield p + "per_layer_projection.weight", (H, P)
