@@ -152,14 +152,20 @@ def test_genai_greedy_matches_transformers(source, tmp_path):
 RAGGED = [[7, 3, 11, 19, 23, 29, 31, 37, 41, 43, 47], [5, 17, 33, 12, 99]]
 
 
+def assert_ragged_batch_matches(out, model):
+    """onnxruntime-genai's greedy generation of RAGGED as one right-padded batch equals `model`'s,
+    row by row (a row's state must be its last real token's, not the padding's)."""
+    from test_sliding_windows import assert_rows_match, genai_generate
+
+    generated = genai_generate(out, RAGGED, MAX_LENGTH)
+    assert_rows_match(model, RAGGED, generated, MAX_LENGTH - max(map(len, RAGGED)))
+
+
 def test_genai_batch_of_different_lengths_matches_transformers(source, tmp_path):
     # genai pads the shorter row on the right (as og.Tokenizer.encode_batch does): its conv state
     # must be the row's last real inputs, not the padding after them.
-    from test_sliding_windows import assert_rows_match, genai_generate
-
     out = build(source, tmp_path / "out", "-p", "fp32")
-    generated = genai_generate(out, RAGGED, MAX_LENGTH)
-    assert_rows_match(load(source), RAGGED, generated, MAX_LENGTH - max(map(len, RAGGED)))
+    assert_ragged_batch_matches(out, load(source))
 
 
 def test_verify_feeds_the_conv_states(source, tmp_path):

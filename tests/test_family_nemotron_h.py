@@ -14,7 +14,7 @@ from fake_quant import fake_quantize_model
 from helpers import GENAI_PROMPT, build
 from safetensors.numpy import load_file, save_file
 from test_family_granitemoehybrid import random_mamba
-from test_family_lfm2 import RAGGED, assert_steps_match
+from test_family_lfm2 import assert_ragged_batch_matches, assert_steps_match
 
 from builder.options import PRECISION_DEFAULTS
 
@@ -127,13 +127,11 @@ def test_experts_int4_verify_rounds_the_experts_as_the_build(experts_source, tmp
 
 
 def test_experts_genai_greedy_and_ragged_batch_match_transformers(experts_source, tmp_path):
-    from test_genai import MAX_LENGTH, assert_same_greedy
-    from test_sliding_windows import assert_rows_match, genai_generate
+    from test_genai import assert_same_greedy
 
     out = build(experts_source, tmp_path / "out", "-p", "fp32")
     assert_same_greedy(out, experts_source, GENAI_PROMPT)
-    generated = genai_generate(out, RAGGED, MAX_LENGTH)
-    assert_rows_match(load(experts_source), RAGGED, generated, MAX_LENGTH - max(map(len, RAGGED)))
+    assert_ragged_batch_matches(out, load(experts_source))
 
 
 def test_state_contract(source, tmp_path):
@@ -170,12 +168,8 @@ def test_genai_greedy_matches_transformers(source, tmp_path):
 
 
 def test_genai_batch_of_different_lengths_matches_transformers(source, tmp_path):
-    from test_genai import MAX_LENGTH
-    from test_sliding_windows import assert_rows_match, genai_generate
-
     out = build(source, tmp_path / "out", "-p", "fp32")
-    generated = genai_generate(out, RAGGED, MAX_LENGTH)
-    assert_rows_match(load(source), RAGGED, generated, MAX_LENGTH - max(map(len, RAGGED)))
+    assert_ragged_batch_matches(out, load(source))
 
 
 def test_verify_feeds_the_states_of_the_layers_that_have_them(source, tmp_path):
