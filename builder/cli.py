@@ -246,12 +246,13 @@ EXTRA_OPTIONS = {
     "accuracy_level": ("accuracy_level", int), "int4_accuracy_level": ("accuracy_level", int),
     "is_symmetric": ("symmetric", _bool), "int4_is_symmetric": ("symmetric", _bool),
     "windowed_kv_cache": ("windowed_kv_cache", _bool),
+    "use_qdq": ("qdq", _bool),
 }
 # Keys accepted only at the value that is what builder does anyway (its default there).
 EXTRA_OPTIONS_AS_DEFAULT = {
     "exclude_embeds": False,  # genai: take inputs_embeds instead of input_ids
     "exclude_lm_head": False,  # genai: output hidden_states instead of logits (not ours: lm_head in float)
-    "include_hidden_states": False, "prune_lm_head": False, "use_qdq": False, "disable_qkv_fusion": False,
+    "include_hidden_states": False, "prune_lm_head": False, "disable_qkv_fusion": False,
     "enable_cuda_graph": False, "use_cuda_bf16": False,
     "hf_remote": False,  # builder never runs a checkpoint's own code
     "filename": "model.onnx",

@@ -16,6 +16,8 @@ from builder.io import PAST_RECURRENT, PRESENT_RECURRENT
 from builder.target import Target
 
 # Sampling settings taken from generation_config.json when it sets them, else these.
+# ONNX Runtime's session option for the accuracy level of a DequantizeLinear + MatMul it fuses.
+QDQ_ACCURACY_LEVEL = "session.qdq_matmulnbits_accuracy_level"
 SEARCH_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.0}
 
 
@@ -58,9 +60,8 @@ def _special_tokens(info: DecoderInfo, generation: dict[str, Any]) -> tuple[int 
 def _decoder_section(info: DecoderInfo, target: Target, filename: str, inputs_embeds: bool) -> dict[str, Any]:
     """model.decoder: the session, the file, the shapes and the names of the inputs and outputs,
     and the sliding-window cache where the build writes one."""
-    provider_options = [] if target.execution_provider == "cpu" else [{target.execution_provider: {}}]
     decoder: dict[str, Any] = {
-        "session_options": {"log_id": "onnxruntime-genai", "provider_options": provider_options},
+        "session_options": session_options(target),
         "filename": filename,
         "head_size": info.head_size,
         "hidden_size": info.hidden_size,
@@ -90,6 +91,23 @@ def _decoder_section(info: DecoderInfo, target: Target, filename: str, inputs_em
     if info.conv_layers:
         _declare_conv_state(decoder, info)
     return decoder
+
+
+def session_options(target: Target) -> dict[str, Any]:
+    """A session's options: the provider's, and the accuracy level ONNX Runtime gives the
+    MatMulNBits it fuses a QDQ weight into (its session option, 4 when unset, not the build's)."""
+    provider_options = [] if target.execution_provider == "cpu" else [{target.execution_provider: {}}]
+    options: dict[str, Any] = {"log_id": "onnxruntime-genai", "provider_options": provider_options}
+    q = target.quantization
+    if q is not None and q.qdq:
+        # genai passes a string-valued key it does not know to SessionOptions::AddConfigEntry (config.cpp)
+        options[QDQ_ACCURACY_LEVEL] = str(q.accuracy_level)
+    return options
+
+
+def config_entries(options: dict[str, Any]) -> dict[str, str]:
+    """The ONNX Runtime config entries among a genai_config.json session_options (`session.*` keys)."""
+    return {k: v for k, v in options.items() if k.startswith("session.") and isinstance(v, str)}
 
 
 def _declare_conv_state(decoder: dict[str, Any], info: DecoderInfo) -> None:

@@ -233,14 +233,18 @@ class SharedResult:
                 self._taken.clear()
             return value
 
-    def tensor(self, part: str, shape: Sequence[int], dtype: np.dtype | type, name: str) -> ir.LazyTensor:
+    def tensor(self, part: str, shape: Sequence[int], dtype: np.dtype | type | ir.DataType, name: str) -> ir.LazyTensor:
+        """The part as a lazy tensor of `shape` and `dtype`; a 4-bit part's array holds its packed
+        bytes (two codes a byte, ONNX's order)."""
         kind = ir.LazyTensor if part == self._main else ByProductTensor
-        return kind(
-            lambda: ir.Tensor(self.take(part), name=name),
-            dtype=ir.DataType.from_numpy(np.dtype(dtype)),
-            shape=ir.Shape(shape),
-            name=name,
-        )
+        dtype = dtype if isinstance(dtype, ir.DataType) else ir.DataType.from_numpy(np.dtype(dtype))
+        if dtype in (ir.DataType.INT4, ir.DataType.UINT4):
+            def value() -> ir.TensorProtocol:
+                return ir.PackedTensor(self.take(part), dtype, shape=shape, name=name)
+        else:
+            def value() -> ir.TensorProtocol:
+                return ir.Tensor(self.take(part), name=name)
+        return kind(value, dtype=dtype, shape=ir.Shape(shape), name=name)
 
 
 class StreamedTensor(ir.LazyTensor):

@@ -42,6 +42,7 @@ _REFUSED = {
 QUANTIZATION_DEFAULTS: dict[str, Any] = {
     "block_size": 32, "symmetric": None, "accuracy_level": None, "exclude_lm_head": False,
     "quantize_embeddings": False, "float_layers": [], "quant_method": None, "int8_layers": [], "mixed": False,
+    "qdq": False,
 }
 # The defaults that depend on the precision: Quantization's own (builder.target.BITS_DEFAULTS), so
 # a build from the command line and one from Python quantize alike.
@@ -118,6 +119,9 @@ class BuildOptions:
     mixed: bool | None = option(None, bool, "int4: the mixed-precision preset after llama.cpp's Q4_K_M: int8 "
                                 "lm_head, embeddings, every o_proj, and v_proj/down_proj of the first and last "
                                 "eighth of the layers and every third between")
+    qdq: bool | None = option(None, bool, "int4/int8: weights as blocked DequantizeLinear + MatMul (the QDQ form "
+                              "other runtimes and quantization tools read; ONNX Runtime fuses it back into "
+                              "MatMulNBits on CPU) instead of MatMulNBits, same codes and scales")
     io_dtype: str | None = option(None, str, "int4/int8: activation dtype (default fp32 on cpu, fp16 on cuda)", IO_DTYPES)
     context_length: int | None = option(None, int, "positions the model supports (default: max_position_embeddings)")
     windowed_kv_cache: bool = option(False, bool, "sliding-window layers keep window-long ring-buffer KV "
@@ -208,6 +212,7 @@ class BuildOptions:
                 method=self.quant_method,
                 int8_layers=tuple(self.int8_layers),
                 mixed=self.mixed,
+                qdq=self.qdq,
             )
         return Target(
             io_dtype=_DTYPES[self.resolved_io_dtype], execution_provider=ep, quantization=quantization,

@@ -39,6 +39,8 @@ class Quantization:
             build (`lm_head`, `model.embed_tokens` name the vocabulary matrices).
         mixed: the mixed-precision preset (mixed_int8_layers), resolved by with_layers once the
             number of decoder layers is known.
+        qdq: the weights as blocked DequantizeLinear + MatMul (the QDQ form) instead of
+            MatMulNBits: the same codes and scales (blocks.linear's QDQ layout).
     """
 
     bits: int = 4
@@ -51,6 +53,7 @@ class Quantization:
     method: str | None = None  # None: the default for `bits` (BITS_DEFAULTS)
     int8_layers: tuple[str, ...] = field(default_factory=tuple)
     mixed: bool = False
+    qdq: bool = False
 
     def __post_init__(self) -> None:
         for name, value in BITS_DEFAULTS.get(self.bits, {}).items():

@@ -19,6 +19,7 @@ import numpy as np
 
 from builder.blocks.moe import expert_block_size
 from builder.errors import BuildError
+from builder.genai_config import config_entries
 from builder.options import BuildOptions
 from builder.quantize import dequantize, quantize
 
@@ -262,9 +263,12 @@ def verify(options: BuildOptions, output: Path, folder: Path, quiet: bool = Fals
     import torch
 
     model = _reference_model(folder, options, quiet)
-    session = ort.InferenceSession(str(output / "model.onnx"), providers=["CPUExecutionProvider"])
     genai = json.loads((output / "genai_config.json").read_text())["model"]
     decoder = genai["decoder"]
+    session_options = ort.SessionOptions()
+    for key, value in config_entries(decoder.get("session_options", {})).items():  # as onnxruntime-genai sets them
+        session_options.add_session_config_entry(key, value)
+    session = ort.InferenceSession(str(output / "model.onnx"), session_options, providers=["CPUExecutionProvider"])
     window = decoder.get("sliding_window") or {}
     ids = _prompt(folder, genai["vocab_size"])
     dtype = np.float16 if options.resolved_io_dtype == "fp16" else np.float32

@@ -72,12 +72,18 @@ class OnnxDecoder:
 
         # Sliding-window layers built with a ring-buffer cache take a past exactly the window
         # long (zeros before the first token); genai_config.json names them.
+        from builder.genai_config import config_entries
+
         genai = folder / "genai_config.json"
-        window = json.loads(genai.read_text())["model"]["decoder"].get("sliding_window") if genai.is_file() else None
+        decoder = json.loads(genai.read_text())["model"]["decoder"] if genai.is_file() else {}
+        window = decoder.get("sliding_window")
         self.window_layers = set(window["layers"]) if window else set()
         self.window = window["window_size"] if window else 0
 
-        self.session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+        options = ort.SessionOptions()
+        for key, value in config_entries(decoder.get("session_options", {})).items():  # as genai sets them
+            options.add_session_config_entry(key, value)
+        self.session = ort.InferenceSession(str(folder / "model.onnx"), options, providers=["CPUExecutionProvider"])
         self.inputs = {i.name: i for i in self.session.get_inputs()}
         self.output_names = [o.name for o in self.session.get_outputs()]
         key = self.inputs["past_key_values.0.key"]

@@ -47,12 +47,16 @@ def _gather_quantized(g: Graph, input_ids: ir.Value, m: QuantizedValues, target:
     bits, block_size = m.bits, m.block_size or q.block_size
     k_blocks = -(-m.k // block_size)
     padded = k_blocks * block_size
-    # MatMulNBits' B [N, k_blocks, block_size·bits/8] holds the same bytes as rows of [N, padded·bits/8].
-    data = g.op.Reshape(m.data, g.constant([m.n, padded * bits // 8], "int64"))
-    x = g.ms.GatherBlockQuantized(
-        data, input_ids, m.scales, m.zero_points,
-        bits=bits, block_size=block_size, gather_axis=0, quantize_axis=1,
-    )  # (B, S, padded)
+    if m.qdq:
+        x = _gather_qdq_columns(g, input_ids, m, block_size)
+        padded = m.k
+    else:
+        # MatMulNBits' B [N, k_blocks, block_size·bits/8] holds the same bytes as rows of [N, padded·bits/8].
+        data = g.op.Reshape(m.data, g.constant([m.n, padded * bits // 8], "int64"))
+        x = g.ms.GatherBlockQuantized(
+            data, input_ids, m.scales, m.zero_points,
+            bits=bits, block_size=block_size, gather_axis=0, quantize_axis=1,
+        )  # (B, S, padded)
     if m.offsets is not None:  # each block's minimum (GGUF Q4_1, K-quants), added to its values
         rows = g.op.Transpose(g.op.Gather(m.offsets, input_ids, axis=1), perm=[1, 2, 0])  # (K/b, B, S) -> (B, S, K/b)
         blocked = g.op.Reshape(x, g.constant([0, 0, k_blocks, block_size], "int64"))  # (B, S, K) -> (B, S, K/b, b)
@@ -61,3 +65,18 @@ def _gather_quantized(g: Graph, input_ids: ir.Value, m: QuantizedValues, target:
     if padded != m.k:
         x = g.op.Slice(x, g.constant([0], "int64"), g.constant([m.k], "int64"), g.constant([-1], "int64"))
     return x
+
+
+def _gather_qdq_columns(g: Graph, input_ids: ir.Value, m: QuantizedValues, block_size: int) -> ir.Value:
+    """Rows of W from the QDQ layout's Wᵀ [K, N]: its columns. 4-bit codes through
+    GatherBlockQuantized (ONNX's Gather has no int4 type), 8-bit ones with standard ops: Gather
+    then a blocked DequantizeLinear."""
+    if m.bits == 4:
+        x = g.ms.GatherBlockQuantized(m.data, input_ids, m.scales, m.zero_points, bits=4, block_size=block_size,
+                                      gather_axis=1, quantize_axis=0)  # (K, B, S)
+    else:
+        codes = g.op.Gather(m.data, input_ids, axis=1)  # (K, B, S)
+        scales = g.op.Gather(m.scales, input_ids, axis=1)  # (K/b, B, S)
+        zero_points = None if m.zero_points is None else g.op.Gather(m.zero_points, input_ids, axis=1)
+        x = g.op.DequantizeLinear(codes, scales, zero_points, axis=0, block_size=block_size)
+    return g.op.Transpose(x, perm=[1, 2, 0])  # (K, B, S) -> (B, S, K)
