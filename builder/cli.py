@@ -15,6 +15,7 @@ from typing import NoReturn
 from builder import config_file
 from builder.errors import BuildError
 from builder.options import fields
+from builder.providers import canonical
 from builder.version import __version__
 
 
@@ -72,7 +73,8 @@ def parser() -> argparse.ArgumentParser:
         elif kind is list:
             kwargs.update(action="append", metavar="PATTERN")
         else:
-            kwargs.update(type=kind)
+            # a provider's other spellings (onnxruntime-genai's NvTensorRtRtx) name the same choice
+            kwargs.update(type=canonical if f.name == "execution_provider" else kind)
             if m["choices"]:
                 kwargs["choices"] = m["choices"]
         p.add_argument(*names, **kwargs)

@@ -68,6 +68,7 @@ def _decoder_section(info: DecoderInfo, target: Target, filename: str, inputs_em
         "inputs": {
             **({"inputs_embeds": "inputs_embeds"} if inputs_embeds else {"input_ids": "input_ids"}),
             "attention_mask": "attention_mask",
+            **({"position_ids": "position_ids"} if target.provider.position_ids else {}),
             "past_key_names": PAST_KEY,
             "past_value_names": PAST_VALUE,
         },
@@ -96,8 +97,7 @@ def _decoder_section(info: DecoderInfo, target: Target, filename: str, inputs_em
 def session_options(target: Target) -> dict[str, Any]:
     """A session's options: the provider's, and the accuracy level ONNX Runtime gives the
     MatMulNBits it fuses a QDQ weight into (its session option, 4 when unset, not the build's)."""
-    provider_options = [] if target.execution_provider == "cpu" else [{target.execution_provider: {}}]
-    options: dict[str, Any] = {"log_id": "onnxruntime-genai", "provider_options": provider_options}
+    options: dict[str, Any] = {"log_id": "onnxruntime-genai", "provider_options": target.provider.provider_options()}
     q = target.quantization
     if q is not None and q.qdq:
         # genai passes a string-valued key it does not know to SessionOptions::AddConfigEntry (config.cpp)

@@ -58,6 +58,8 @@ class Graph:
         self.members: dict[str, int] = {}
         # linear layer module path -> the checkpoint modules its weight is made of
         self.linears: dict[str, tuple[str, ...]] = {}
+        # the decoder's position_ids input, where the provider has onnxruntime-genai feed one
+        self.position_ids: ir.Value | None = None
 
     @contextlib.contextmanager
     def scope(self, *parts: str) -> Iterator[None]:

@@ -55,6 +55,7 @@ class DecoderIO:
     stateless: frozenset[int] = frozenset()
     slots: dict[int, int] = field(default_factory=dict)
     layer_kv_dims: dict[int, tuple[int, int]] = field(default_factory=dict)  # layer -> its own kv_dims
+    position_ids: ir.Value | None = None  # int64 (batch, sequence), where the provider feeds positions
 
     def kv_dims_of(self, layer: int) -> tuple[int, int]:
         """(num_kv_heads, head_size) of `layer`'s KV: its own where it differs (Gemma 4's full layers)."""
@@ -65,7 +66,7 @@ class DecoderIO:
         cls, num_layers: int, num_kv_heads: int, head_size: int, io_dtype: np.dtype, windowed_layers=(),
         embeds_width: int | None = None, conv_layers=(), conv_state: tuple[int, int] | None = None,
         recurrent_state: tuple[int, ...] | None = None, stateless_layers=(), hybrid_layers=(),
-        layer_kv_dims: dict[int, tuple[int, int]] | None = None,
+        layer_kv_dims: dict[int, tuple[int, int]] | None = None, position_ids: bool = False,
     ) -> DecoderIO:
         """`windowed_layers` keep a window-long KV ring buffer (see Target.windowed_kv_cache);
         `embeds_width` (the hidden size) makes the decoder read inputs_embeds instead of input_ids;
@@ -73,7 +74,8 @@ class DecoderIO:
         with `recurrent_state` (its shape less the batch) a recurrent state after it too;
         `stateless_layers` carry no state at all; `hybrid_layers` (conv layers too) read their KV
         cache before those states; `layer_kv_dims` (layer -> (num_kv_heads, head_size)) gives the
-        layers whose KV is shaped apart (Gemma 4's full-attention layers)."""
+        layers whose KV is shaped apart (Gemma 4's full-attention layers); `position_ids` adds that
+        input (int64, batch by sequence), fed by onnxruntime-genai (the DirectML provider's rotary)."""
         windowed, stateless = frozenset(windowed_layers), frozenset(stateless_layers)
         slots = {layer: n for n, layer in enumerate(i for i in range(num_layers) if i not in stateless)}
 
@@ -104,6 +106,7 @@ class DecoderIO:
             stateless=stateless,
             slots=slots,
             layer_kv_dims=own,
+            position_ids=_value("position_ids", np.int64, (BATCH, SEQUENCE)) if position_ids else None,
         )
 
     @property
@@ -113,7 +116,8 @@ class DecoderIO:
     @property
     def inputs(self) -> list[ir.Value]:
         states = ((*(kv or ()), *self._conv(i)) for i, kv in enumerate(self.past))
-        return [self.token_input, self.attention_mask, *(v for state in states for v in state)]
+        positions = [] if self.position_ids is None else [self.position_ids]
+        return [self.token_input, self.attention_mask, *positions, *(v for state in states for v in state)]
 
     def outputs(self, logits: ir.Value, vocab_size: int, presents: list[tuple[ir.Value, ir.Value]]) -> list[ir.Value]:
         """Names and types the final values as the contract's outputs."""

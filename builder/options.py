@@ -18,21 +18,18 @@ import numpy as np
 
 from builder.errors import BuildError
 from builder.quantize import BLOCK_SIZES
+from builder.providers import PROVIDERS, canonical
 from builder.target import BITS_DEFAULTS, Quantization, Target
 
 PRECISIONS = ("int4", "int8", "fp16", "bf16", "fp32")
 QUANTIZED = {"int4": 4, "int8": 8}
-EXECUTION_PROVIDERS = ("cpu", "cuda")
+EXECUTION_PROVIDERS = tuple(PROVIDERS)
 IO_DTYPES = ("fp32", "fp16", "bf16")
 ACCURACY_LEVELS = (0, 1, 2, 3, 4)
 DEFAULT_PRECISION = "int4"
 
 _DTYPES = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16)}
-# Quantized models keep float activations: fp32 on CPU (MatMulNBits' fastest CPU path), fp16 on CUDA.
-_QUANTIZED_IO = {"cpu": "fp32", "cuda": "fp16"}
-# MatMulNBits compute type: int8 activations on CPU (4), the input's own type on CUDA (0).
-_DEFAULT_ACCURACY = {"cpu": 4, "cuda": 0}
-# Activation dtypes ONNX Runtime cannot run on a provider, and why.
+# Why a provider cannot run an activation dtype (builder.providers: each provider's io_dtypes).
 _REFUSED = {
     ("bf16", "cpu"): "ONNX Runtime's CPU kernels have no bfloat16 GroupQueryAttention/MatMul; use fp32 or fp16 on cpu, bf16 on cuda",
     ("fp32", "cuda"): "GroupQueryAttention on CUDA needs fp16 or bf16 activations",
@@ -93,7 +90,8 @@ class BuildOptions:
     output: str | None = option(None, str, "output folder (default: <model name>-<precision>-<ep>)", short="-o")
     precision: str | None = option(None, str, f"weights: {', '.join(PRECISIONS)} (default {DEFAULT_PRECISION})",
                                    PRECISIONS, short="-p")
-    execution_provider: str = option("cpu", str, "where the model runs", EXECUTION_PROVIDERS, short="-e")
+    execution_provider: str = option("cpu", str, "where the model runs (onnxruntime-genai's spellings, such as "
+                                     "NvTensorRtRtx for trt-rtx, are accepted)", EXECUTION_PROVIDERS, short="-e")
     revision: str | None = option(None, str, "hub revision (branch, tag or commit)")
     adapter: str | None = option(None, str, "PEFT LoRA adapter (folder or Hugging Face id) merged into the base "
                                  "weights before any quantization")
@@ -134,6 +132,8 @@ class BuildOptions:
     search: dict[str, Any] = option({}, dict, "genai_config.json search defaults (YAML only), e.g. {top_k: 40}")
 
     def __post_init__(self) -> None:
+        if isinstance(self.execution_provider, str):
+            object.__setattr__(self, "execution_provider", canonical(self.execution_provider))
         for f in dataclasses.fields(self):
             _check_kind(f, getattr(self, f.name))
         set_ = object.__setattr__
@@ -149,6 +149,7 @@ class BuildOptions:
                 raise OptionError("bits", f"{self.bits} contradicts precision {precision!r}")
             precision = implied
         set_(self, "precision", precision or DEFAULT_PRECISION)
+        self._provider_requirements()
         self._resolve_quantization()
         if self.precision != "int4" and (self.int8_layers or self.mixed):
             raise OptionError("int8_layers" if self.int8_layers else "mixed",
@@ -156,7 +157,10 @@ class BuildOptions:
         if self.precision not in QUANTIZED and self.io_dtype not in (None, self.precision):
             raise OptionError("io_dtype", f"a {self.precision} model's activations are {self.precision}")
         io = self.resolved_io_dtype
-        reason = _REFUSED.get((io, self.execution_provider))
+        provider = PROVIDERS[self.execution_provider]
+        reason = _REFUSED.get((io, provider.name)) or (
+            None if io in provider.io_dtypes else
+            f"onnxruntime-genai's attention on {provider.name} runs {' or '.join(provider.io_dtypes)} activations")
         if reason:
             what = f"-p {self.precision}" + (f" with io_dtype {io}" if self.precision in QUANTIZED else "")
             raise OptionError("precision", f"{what} -e {self.execution_provider} is not supported: {reason}")
@@ -171,6 +175,20 @@ class BuildOptions:
                 raise OptionError("search", f"{key} must be a finite number, got {value!r}")
             if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value < 2**31:
                 raise OptionError("search", f"{key} must be an integer from 0 to 2^31 - 1, got {value!r}")
+
+    def _provider_requirements(self) -> None:
+        """What the provider fixes: QDQ weights, symmetric, where it reads no other
+        (builder.providers); a ring-buffer window cache where its attention keeps one."""
+        provider = PROVIDERS[self.execution_provider]
+        if provider.qdq and self.precision in QUANTIZED:
+            for key in ("qdq", "symmetric"):
+                if getattr(self, key) is False:
+                    raise OptionError(key, f"-e {provider.name} reads quantized weights only as symmetric "
+                                           "DequantizeLinear + MatMul (QDQ)")
+                object.__setattr__(self, key, True)
+        if self.windowed_kv_cache and not provider.windowed_kv_cache:
+            raise OptionError("windowed_kv_cache", f"-e {provider.name}: onnxruntime-genai keeps full-length caches "
+                                                   "there (its attention has no ring-buffer window cache)")
 
     def _resolve_quantization(self) -> None:
         """Quantization options default to None ("not given"): a quantized build fills in the
@@ -187,7 +205,7 @@ class BuildOptions:
     @property
     def resolved_io_dtype(self) -> str:
         if self.precision in QUANTIZED:
-            return self.io_dtype or _QUANTIZED_IO[self.execution_provider]
+            return self.io_dtype or PROVIDERS[self.execution_provider].io_dtypes[0]
         return self.precision
 
     @property
@@ -199,13 +217,14 @@ class BuildOptions:
 
     def target(self) -> Target:
         ep = self.execution_provider
+        provider = PROVIDERS[ep]
         quantization = None
         if self.precision in QUANTIZED:
             quantization = Quantization(
                 bits=QUANTIZED[self.precision],
                 block_size=self.block_size,
                 symmetric=self.symmetric,
-                accuracy_level=_DEFAULT_ACCURACY[ep] if self.accuracy_level is None else self.accuracy_level,
+                accuracy_level=provider.accuracy_level if self.accuracy_level is None else self.accuracy_level,
                 lm_head=not self.exclude_lm_head,
                 embeddings=self.quantize_embeddings,
                 float_layers=tuple(self.float_layers),

@@ -128,7 +128,9 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
                           embeds_width=info.hidden_size if package is not None else None,
                           conv_layers=info.conv_layers, conv_state=info.conv_state,
                           recurrent_state=info.recurrent_state, stateless_layers=info.stateless_layers,
-                          hybrid_layers=info.hybrid_layers, layer_kv_dims=info.layer_kv_dims)
+                          hybrid_layers=info.hybrid_layers, layer_kv_dims=info.layer_kv_dims,
+                          position_ids=target.provider.position_ids)
+    g.position_ids = io.position_ids
     logits, presents = family.build(g, io, checkpoint, config, target)
     checkpoint.check_consumed(family.ignored if package is None else package.ignored)
     if target.quantization is not None:

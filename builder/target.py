@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from builder.providers import PROVIDERS, Provider
+
 
 # What each bit width gets unless told otherwise, from the CLI and the Python API alike: int4
 # searches each block's scale with zero points (0.47x round-to-nearest's perplexity increase on
@@ -116,7 +118,7 @@ class Target:
 
     Attributes:
         io_dtype: dtype of activations, KV cache and float weights (float32, float16 or bfloat16).
-        execution_provider: "cpu" or "cuda".
+        execution_provider: a name of builder.providers.PROVIDERS (cpu, cuda, dml, webgpu, trt-rtx).
         quantization: how linear layers are quantized, or None for float weights.
         windowed_kv_cache: sliding-window layers keep a KV cache only the window long (a ring
             buffer GroupQueryAttention manages, `sliding_window_cache=1`) instead of one as long as
@@ -130,6 +132,11 @@ class Target:
     quantization: Quantization | None = None
     windowed_kv_cache: bool = False
     context_length: int | None = None
+
+    @property
+    def provider(self) -> Provider:
+        """What the execution provider needs of the graph (builder.providers)."""
+        return PROVIDERS[self.execution_provider]
 
     def positions(self, max_position_embeddings: int) -> int:
         """Rows of the rotary tables: the context length asked for, else the model's."""

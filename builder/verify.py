@@ -78,9 +78,6 @@ def check_verifiable(options: BuildOptions) -> None:
     missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if missing:
         raise BuildError(f"--verify needs {', '.join(missing)} (the test extras: pip install -e '.[test]')")
-    if options.execution_provider != "cpu":
-        raise BuildError(f"--verify runs the model with ONNX Runtime's CPU provider; a -e {options.execution_provider} "
-                         "build cannot be verified here (verify the same precision built for cpu)")
     if options.resolved_io_dtype == "bf16":
         raise BuildError("--verify runs ONNX Runtime on the CPU, which has no bfloat16 kernels; verify a fp16 build")
 
@@ -146,7 +143,7 @@ def _reference_model(folder: Path, options: BuildOptions, quiet: bool = False):
     q = target.quantization
     if q is not None:
         with torch.no_grad():
-            _untie_float_lookup(model, q)
+            _untie_float_lookup(model, q, target.provider.quantized_gather)
             for name, module in model.named_modules():
                 if (not isinstance(module, torch.nn.Linear) or any(part in name for part in FLOAT_TOWERS)
                         or name.endswith(FLOAT_ROUTERS)):
@@ -166,14 +163,15 @@ def _reference_model(folder: Path, options: BuildOptions, quiet: bool = False):
     return model
 
 
-def _untie_float_lookup(model, q) -> None:
+def _untie_float_lookup(model, q, quantized_gather: bool = True) -> None:
     """An int8 build's tied vocabulary keeps a float lookup table beside its 8-bit lm_head
-    (builder/blocks/lm_head.py): rounding lm_head in place must not round the embedding that
-    transformers ties to it. (An int4 build gathers from lm_head's own codes: rounded alike.)"""
+    (builder/blocks/lm_head.py), as every build for a provider without GatherBlockQuantized does:
+    rounding lm_head in place must not round the embedding that transformers ties to it. (An int4
+    build gathers from lm_head's own codes: rounded alike.)"""
     import torch
 
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
-    if q.bits == 8 and head is not None and embed.weight is head.weight:
+    if (q.bits == 8 or not quantized_gather) and head is not None and embed.weight is head.weight:
         embed.weight = torch.nn.Parameter(embed.weight.detach().clone(), requires_grad=False)
 
 
@@ -286,6 +284,9 @@ def verify(options: BuildOptions, output: Path, folder: Path, quiet: bool = Fals
 
     def run(feed, past, total):
         feed = {**feed, "attention_mask": np.ones((1, total), np.int64)}
+        if "position_ids" in inputs:  # a provider whose rotary reads them (DirectML's), fed as genai does
+            new = next(iter(feed.values())).shape[1]
+            feed["position_ids"] = np.arange(total - new, total, dtype=np.int64)[None]
         for i in range(decoder["num_hidden_layers"]):
             for name in (n for n in states if n.startswith(f"past.{i}.")):
                 feed[name] = past[name.replace("past", "present", 1)] if past else np.zeros(states[name], dtype)

@@ -93,6 +93,8 @@ class OnnxDecoder:
 
     def run(self, ids: list[int], past: dict | None, total: int) -> tuple[np.ndarray, dict]:
         feed = {"input_ids": np.array([ids], np.int64), "attention_mask": np.ones((1, total), np.int64)}
+        if "position_ids" in self.inputs:  # a provider whose rotary reads them (DirectML's)
+            feed["position_ids"] = np.arange(total - len(ids), total, dtype=np.int64)[None]
         for i in range(self.layers):
             for kind in ("key", "value"):
                 capacity = self.window if i in self.window_layers else 0

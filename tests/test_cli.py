@@ -75,7 +75,7 @@ def test_cuda_fp16_graph(tiny_llama, tmp_path):
     floats = [t for t in model.graph.initializer if t.data_type in (onnx.TensorProto.FLOAT, fp16)]
     assert floats and all(t.data_type == fp16 for t in floats)
     cfg = json.loads((out / "genai_config.json").read_text())
-    assert cfg["model"]["decoder"]["session_options"]["provider_options"] == [{"cuda": {}}]
+    assert cfg["model"]["decoder"]["session_options"]["provider_options"] == [{"cuda": {"enable_cuda_graph": "0"}}]
 
 
 def test_bf16_cuda_graph_returns_fp32_logits(tiny_llama, tmp_path):

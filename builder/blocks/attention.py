@@ -156,7 +156,7 @@ def self_attention(
     explicit = isinstance(rotary, ExplicitRotary)
     if spec.qk_norm_after_rotary and not explicit:
         raise ValueError("q/k norms after the rotary embedding need explicit rotary tables (rotary_tables(explicit=True))")
-    if w.q_norm is not None or w.k_norm is not None or explicit or q_scale is not None:
+    if isinstance(qkv, tuple) or w.q_norm is not None or w.k_norm is not None or explicit or q_scale is not None:
         q, k, v = _queries_keys_values(g, qkv, rotary if explicit else None, lengths, w, spec, target, q_scale)
     else:
         q, k, v = qkv, None, None  # packed QKV input
@@ -169,10 +169,21 @@ def self_attention(
     return out, present_k, present_v
 
 
-def _qkv_projection(g: Graph, x: ir.Value, w: AttentionWeights, spec: AttentionSpec, target: Target) -> ir.Value:
+def _qkv_projection(g: Graph, x: ir.Value, w: AttentionWeights, spec: AttentionSpec,
+                    target: Target) -> ir.Value | tuple[ir.Value, ir.Value, ir.Value]:
     """q, k and v projected by one MatMul over the concatenated weights (and biases), clipped
-    where the spec says: (B, S, hidden) -> (B, S, q_dim + 2·kv_dim)."""
+    where the spec says: (B, S, hidden) -> (B, S, q_dim + 2·kv_dim); or, for a provider that
+    takes them apart (Target.provider.packed_qkv), three projections (q, k, v)."""
     q_dim, kv_dim = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    if not target.provider.packed_qkv and w.qkv is None:
+        parts = []
+        for name, weight, bias in (("q_proj", w.q, w.q_bias), ("k_proj", w.k, w.k_bias), ("v_proj", w.v, w.v_bias)):
+            with g.scope(name):
+                y = linear(g, x, weight, target, bias)
+            if spec.clip_qkv is not None:
+                y = g.op.Clip(y, g.constant(-spec.clip_qkv, target.io_dtype), g.constant(spec.clip_qkv, target.io_dtype))
+            parts.append(y)
+        return tuple(parts)
     bias = _qkv_bias(w)
     fused = w.qkv if w.qkv is not None else Weight.concat([w.q, w.k, w.v], axis=0)
     if fused.shape[0] != q_dim + 2 * kv_dim:
@@ -194,13 +205,17 @@ def _qkv_bias(w: AttentionWeights) -> Weight | None:
     return Weight.concat(biases, axis=0)
 
 
-def _queries_keys_values(g: Graph, qkv: ir.Value, rotary: ExplicitRotary | None, lengths: SequenceLengths,
-                         w: AttentionWeights, spec: AttentionSpec, target: Target,
+def _queries_keys_values(g: Graph, qkv: ir.Value | tuple[ir.Value, ir.Value, ir.Value], rotary: ExplicitRotary | None,
+                         lengths: SequenceLengths, w: AttentionWeights, spec: AttentionSpec, target: Target,
                          q_scale: ir.Value | None) -> tuple[ir.Value, ir.Value, ir.Value]:
-    """q, k and v split from the projection, q and k normed per head and rotated (by `rotary`, the
-    explicit tables, when given; after the norms unless the spec says before), q scaled by `q_scale`."""
+    """q, k and v split from the projection (or projected apart), q and k normed per head and
+    rotated (by `rotary`, the explicit tables, when given; after the norms unless the spec says
+    before), q scaled by `q_scale`."""
     q_dim, kv_dim = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-    q, k, v = g.op.Split(qkv, g.constant([q_dim, kv_dim, kv_dim], "int64"), axis=-1, _outputs=3)
+    if isinstance(qkv, tuple):
+        q, k, v = qkv
+    else:
+        q, k, v = g.op.Split(qkv, g.constant([q_dim, kv_dim, kv_dim], "int64"), axis=-1, _outputs=3)
     if rotary is not None and spec.qk_norm_after_rotary:
         q, k = _rotate(g, q, k, rotary, lengths, spec)
     q, k = _qk_norms(g, q, k, w, spec, target)

@@ -23,7 +23,7 @@ def embedding(
     is rounded to the IO dtype first, as Hugging Face does with its `normalizer` buffer.
     """
     q = target.quantization
-    if shared is None and q is not None:
+    if shared is None and q is not None and target.provider.quantized_gather:
         if weight.blocks is not None:  # stored pre-quantized (GGUF): gathered as stored, the file's codes
             # (not an act-order GPTQ table: its columns are permuted)
             bits, wanted = weight.blocks.bits, weight.blocks.input_order is None

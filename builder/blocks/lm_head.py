@@ -28,6 +28,8 @@ def shared_vocabulary(g: Graph, weight: Weight, target: Target) -> Shared | None
         with g.scope("model", "embed_tokens"):
             return g.weight("weight", weight.astype(target.io_dtype))
     q = target.quantization
+    if not target.provider.quantized_gather:  # the lookup keeps a float table (embedding)
+        return None
     if weight.blocks is not None:  # stored pre-quantized (GGUF): its own 4- or 8-bit codes, shared as stored,
         if weight.blocks.input_order is not None:  # unless act-order GPTQ's permuted columns
             return None

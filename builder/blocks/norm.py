@@ -21,7 +21,18 @@ def rms_norm(
     """y = x / sqrt(mean(x², last axis) + eps) · weight; `x`, the weight and y are in `dtype`
     (default: the IO dtype)."""
     w = g.weight("weight", weight.astype(dtype or target.io_dtype))
+    if not target.provider.fused_norms:
+        return _rms_norm_expanded(g, x, w, eps)
     return g.op.SimplifiedLayerNormalization(x, w, axis=-1, epsilon=float(eps), stash_type=1)
+
+
+def _rms_norm_expanded(g: Graph, x: ir.Value, w: ir.Value, eps: float) -> ir.Value:
+    """RMSNorm in plain ops for providers without ONNX Runtime's fused norms (TensorRT-RTX):
+    x (in float32) · 1/sqrt(mean(x²) + eps), cast back, times the weight: transformers' order."""
+    x32 = g.op.Cast(x, to=ir.DataType.FLOAT)
+    mean = g.op.ReduceMean(g.op.Mul(x32, x32), g.constant([-1], "int64"), keepdims=1)  # (..., 1)
+    inv = g.op.Reciprocal(g.op.Sqrt(g.op.Add(mean, g.constant(float(eps), np.float32))))
+    return g.op.Mul(g.op.CastLike(g.op.Mul(x32, inv), w), w)
 
 
 def skip_rms_norm(
@@ -30,6 +41,9 @@ def skip_rms_norm(
 ) -> tuple[ir.Value, ir.Value]:
     """(rms_norm(x + residual), x + residual): the residual add fused into the norm; inputs,
     weight and outputs in `dtype` (default: the IO dtype)."""
+    if not target.provider.fused_norms:
+        total = g.op.Add(x, residual)
+        return rms_norm(g, total, weight, eps, target, dtype), total
     w = g.weight("weight", weight.astype(dtype or target.io_dtype))
     # Outputs: normalized, mean, inv_std_var, input + skip. The statistics are not needed.
     out = g.ms.SkipSimplifiedLayerNormalization(x, residual, w, epsilon=float(eps), _outputs=4, _unused=(1, 2))
@@ -52,6 +66,9 @@ def skip_layer_norm(
     target: Target, dtype: np.dtype | None = None, hidden: int | None = None,
 ) -> tuple[ir.Value, ir.Value]:
     """(layer_norm(x + residual), x + residual): the residual add fused into the norm."""
+    if not target.provider.fused_norms:
+        total = g.op.Add(x, residual)
+        return layer_norm(g, total, weight, bias, eps, target, dtype, hidden), total
     dtype = np.dtype(dtype or target.io_dtype)
     w, b = _layer_norm_params(g, weight, bias, dtype, hidden)
     out = g.ms.SkipLayerNormalization(x, residual, w, b, epsilon=float(eps), _outputs=4, _unused=(1, 2))

@@ -182,7 +182,7 @@ def rotary_tables(
     cos, sin = rope.caches(target.positions(max_positions), target.io_dtype)
     with g.scope("model", "rotary_emb"):
         tables = g.weight(f"{name}cos_cache", cos), g.weight(f"{name}sin_cache", sin)
-    if explicit or rope.rotary_dim % 16:
+    if explicit or rope.rotary_dim % 16 or not target.provider.fused_rotary:
         return ExplicitRotary(*tables, rope.rotary_dim)
     return tables
 
@@ -204,7 +204,11 @@ class ExplicitRotary:
         """int64 [batch, sequence]: each new token's position, as GroupQueryAttention derives it per
         batch row (group_query_attention.cc): past = seqlens_k + 1 − sequence_length, or 0 for a
         first prompt (where a right-padded row would make it negative), then past, past + 1, ….
-        Recorded the first time a layer asks for it, and shared by all layers."""
+        Recorded the first time a layer asks for it, and shared by all layers. Where the provider
+        has onnxruntime-genai feed positions (Target.provider.position_ids), the model's
+        `position_ids` input instead."""
+        if g.position_ids is not None:
+            return g.position_ids
         if not self._positions:
             with g.scope("rotary_positions"):
                 seq = g.op.Shape(x, start=1, end=2)  # (1,): sequence_length
@@ -253,8 +257,11 @@ def longrope_tables(
     with g.scope("model", "rotary_emb"):
         threshold = g.constant(params["original_max_position_embeddings"], np.int32)
         is_long = g.op.Greater(total_sequence_length, threshold)
-        tables = g.op.If(is_long, then_branch=_select(short, long, "long"), else_branch=_select(short, long, "short"),
-                         _outputs=2)
+        if target.provider.if_op:
+            tables = g.op.If(is_long, then_branch=_select(short, long, "long"),
+                             else_branch=_select(short, long, "short"), _outputs=2)
+        else:  # providers without If (DirectML, TensorRT-RTX): both tables read, one kept
+            tables = tuple(g.op.Where(is_long, b, a) for a, b in zip(short, long))
     return ExplicitRotary(*tables, short.rotary_dim) if isinstance(short, ExplicitRotary) else tables
 
 
