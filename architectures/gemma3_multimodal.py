@@ -24,7 +24,6 @@ Microsoft's own Gemma 3 packages, so image tokens here see only the image tokens
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +32,15 @@ import onnx_ir as ir
 
 from architectures import gemma3_vision
 from architectures.gemma import GemmaConfig, text_vocabulary
+from builder.blocks.embedding import merge_image_features
 from builder.config_checks import token_id
 from builder.errors import BuildError
 from builder.graph import Graph
 from builder.hf_config import read_json
-from builder.image_processor import PROCESSOR_FILE, extensions_processor
+from builder.image_processor import extensions_processor
 from builder.inputs.source import Checkpoint
 from builder.io import BATCH, SEQUENCE
+from builder.package import Package
 from builder.target import Target
 
 log = logging.getLogger("builder")
@@ -55,20 +56,6 @@ PROCESSOR_DEFAULTS = {"resample": 2, "rescale_factor": 1 / 255, "do_normalize": 
 # Gemma3Config's default image token (<image_soft_token>).
 DEFAULT_IMAGE_TOKEN = 262_144
 IGNORED = gemma3_vision.IGNORED
-
-
-@dataclass
-class Package:
-    """The models beside the decoder (file stem -> model) and what genai_config.json says of them."""
-
-    models: dict[str, ir.Model]
-    sources: dict[str, dict[str, tuple[str, ...]]]  # file stem -> initializer -> checkpoint tensors read
-    processor: dict[str, Any]
-    model_type: str = MODEL_TYPE
-    vision_file: str = VISION_FILE
-    embedding_file: str = EMBEDDING_FILE
-    processor_file: str = PROCESSOR_FILE
-    ignored: tuple[str, ...] = IGNORED
 
 
 def has_vision(ckpt: Checkpoint) -> bool:
@@ -101,6 +88,7 @@ def package(raw: dict[str, Any], folder: Path, ckpt: Checkpoint, text: GemmaConf
         },
         sources={VISION_FILE: vision.sources, EMBEDDING_FILE: embedding.sources},
         processor=extensions_processor(pre, vc.image_size, "gemma_3_image_processing", PROCESSOR_DEFAULTS),
+        model_type=MODEL_TYPE, ignored=IGNORED, vision_file=VISION_FILE, embedding_file=EMBEDDING_FILE,
     )
 
 
@@ -118,21 +106,8 @@ def embedding_model(ckpt: Checkpoint, c: GemmaConfig, image_token: int, features
     # An image token past the vocabulary (transformers' check) is looked up as token 0, then replaced.
     lookup = g.op.Where(is_image, g.constant(0, np.int64), ids) if image_token >= c.vocab_size else ids
     text = vocab.embed(g, lookup, scale=float(np.sqrt(H)))  # (B, S, H)
-    with g.scope("merge_image_features"):
-        feature_rows = g.op.Reshape(features, g.constant([-1, H], np.int64))  # every image's rows, in order
-        rows = g.op.Shape(feature_rows, start=0, end=1)  # (1,)
-        flat = g.op.Reshape(is_image, g.constant([-1], np.int64))
-        # The n-th image token (row-major over batch and sequence) takes feature row n.
-        nth = g.op.Sub(g.op.CumSum(g.op.Cast(flat, to=ir.DataType.INT64), g.constant(0, np.int64)),
-                       g.constant(1, np.int64))
-        filled = g.op.And(flat, g.op.Less(nth, rows))
-        padded = g.op.Concat(g.op.Cast(feature_rows, to=_type(target.io_dtype).dtype),
-                             g.op.Expand(g.constant(0, target.io_dtype), g.constant([1, H], np.int64)),
-                             axis=0)  # row `rows`, zeros: what unfilled positions gather (then discarded)
-        picked = g.op.Gather(padded, g.op.Where(filled, nth, rows), axis=0)  # (B·S, H)
-        picked = g.op.Reshape(picked, g.op.Shape(text))
-        mask = g.op.Unsqueeze(g.op.Reshape(filled, g.op.Shape(ids)), g.constant([-1], np.int64))
-        embeds = g.op.Where(mask, picked, text)
+    rows = g.op.Reshape(features, g.constant([-1, H], np.int64))  # every image's rows, in order
+    embeds = merge_image_features(g, ids, is_image, rows, text, H, target)
     embeds.name, embeds.type = "inputs_embeds", _type(target.io_dtype)
     embeds.shape = ir.Shape((BATCH, SEQUENCE, H))
     return g.model([ids, features], [embeds])

@@ -23,18 +23,19 @@ SEARCH_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p":
 
 def genai_config(
     info: DecoderInfo, target: Target, generation: dict[str, Any], search: dict[str, Any] | None = None,
-    filename: str = "model.onnx", inputs_embeds: bool = False,
+    filename: str = "model.onnx", inputs_embeds: bool = False, position_ids: bool = False,
 ) -> dict[str, Any]:
     """The decoder's genai_config.json. generation_config.json's token ids and sampling settings
     override config.json's; the build's own `search` settings override both. `inputs_embeds`: the
-    decoder reads embeddings (a multimodal package's) instead of input_ids."""
+    decoder reads embeddings (a multimodal package's) instead of input_ids; `position_ids`: it reads
+    the position ids genai computes (Qwen-VL's (3, batch, sequence))."""
     bos, eos, pad = _special_tokens(info, generation)
     model: dict[str, Any] = {} if bos is None else {"bos_token_id": bos}  # genai rejects a null id
     return {
         "model": {
             **model,
             "context_length": info.context_length,
-            "decoder": _decoder_section(info, target, filename, inputs_embeds),
+            "decoder": _decoder_section(info, target, filename, inputs_embeds, position_ids),
             "eos_token_id": eos if len(eos) != 1 else eos[0],
             "pad_token_id": pad,
             "type": info.model_type,
@@ -57,7 +58,8 @@ def _special_tokens(info: DecoderInfo, generation: dict[str, Any]) -> tuple[int 
     return bos, eos, pad
 
 
-def _decoder_section(info: DecoderInfo, target: Target, filename: str, inputs_embeds: bool) -> dict[str, Any]:
+def _decoder_section(info: DecoderInfo, target: Target, filename: str, inputs_embeds: bool,
+                     position_ids: bool = False) -> dict[str, Any]:
     """model.decoder: the session, the file, the shapes and the names of the inputs and outputs,
     and the sliding-window cache where the build writes one."""
     decoder: dict[str, Any] = {
@@ -68,7 +70,7 @@ def _decoder_section(info: DecoderInfo, target: Target, filename: str, inputs_em
         "inputs": {
             **({"inputs_embeds": "inputs_embeds"} if inputs_embeds else {"input_ids": "input_ids"}),
             "attention_mask": "attention_mask",
-            **({"position_ids": "position_ids"} if target.provider.position_ids else {}),
+            **({"position_ids": "position_ids"} if position_ids or target.provider.position_ids else {}),
             "past_key_names": PAST_KEY,
             "past_value_names": PAST_VALUE,
         },
@@ -147,18 +149,25 @@ def _search_section(info: DecoderInfo, generation: dict[str, Any], search: dict[
     }
 
 
-def with_vision(config: dict[str, Any], model_type: str, vision: str, processor: str, embedding: str) -> dict[str, Any]:
+def with_vision(config: dict[str, Any], model_type: str, vision: str, processor: str, embedding: str,
+                model_fields: dict[str, Any] | None = None, vision_fields: dict[str, Any] | None = None,
+                vision_inputs: dict[str, str] | None = None) -> dict[str, Any]:
     """`config` (a decoder reading inputs_embeds) as onnxruntime-genai's vision-language pipeline:
     the vision model (pixel_values -> image_features, its image processor file) and the embedding
-    model (input_ids and image_features -> inputs_embeds) run before the decoder."""
+    model (input_ids and image_features -> inputs_embeds) run before the decoder. `model_fields`
+    and `vision_fields`: what the model type reads beyond that (Qwen-VL's token ids, merge and
+    patch sizes); `vision_inputs`: the vision model's inputs (pixel_values alone by default)."""
     model = config["model"]
     session = model["decoder"]["session_options"]
     model = {
         **model,
+        **(model_fields or {}),
         "type": model_type,
         "vision": {
             "filename": vision, "config_filename": processor, "session_options": session,
-            "inputs": {"pixel_values": "pixel_values"}, "outputs": {"image_features": "image_features"},
+            **(vision_fields or {}),
+            "inputs": vision_inputs or {"pixel_values": "pixel_values"},
+            "outputs": {"image_features": "image_features"},
         },
         "embedding": {
             "filename": embedding, "session_options": session,

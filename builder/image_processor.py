@@ -58,3 +58,47 @@ def _op(name: str, kind: str, **attrs: Any) -> dict[str, Any]:
     if attrs:
         operation["attrs"] = attrs
     return {"operation": operation}
+
+
+def patched_processor(pre: dict[str, Any], name: str, model_flag: str, defaults: dict[str, Any],
+                      patch_size: int, merge_size: int, temporal_patch_size: int) -> dict[str, Any]:
+    """The processor JSON of Qwen-VL's dynamic resolution (onnxruntime-genai's QwenImageProcessor):
+    resize to the nearest multiple of patch·merge within min/max pixels (smart_resize), rescale,
+    normalize, and cut into flattened patches in merge order (PatchImage), as transformers'
+    Qwen2VLImageProcessor. `pre` is preprocessor_config.json (its missing keys take `defaults`);
+    `model_flag` (qwen2_5_vl, qwen3_vl) is Normalize's channel-order switch: it reads the pixels
+    BGR, so ConvertRGB (which swaps the decoder's RGB) comes before it. The patch, merge and
+    temporal sizes are the vision model's; a preprocessor_config.json that disagrees is refused."""
+    pre = {**defaults, **{k: v for k, v in pre.items() if v is not None}}
+    size = pre.get("size") or {}
+    min_pixels = pre.get("min_pixels", size.get("shortest_edge", defaults.get("min_pixels")))
+    max_pixels = pre.get("max_pixels", size.get("longest_edge", defaults.get("max_pixels")))
+    for key, value in (("min_pixels", min_pixels), ("max_pixels", max_pixels)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise BuildError(f"preprocessor_config.json: {key} is {value!r}; expected a positive integer")
+    for key, expected in (("patch_size", patch_size), ("merge_size", merge_size),
+                          ("temporal_patch_size", temporal_patch_size)):
+        if pre.get(key, expected) != expected:
+            raise BuildError(f"preprocessor_config.json: {key} is {pre[key]!r}, but the vision model's is {expected}")
+    if not pre.get("do_resize", True) or not pre.get("do_rescale", True):
+        raise BuildError("preprocessor_config.json turns off do_resize or do_rescale; onnxruntime-genai's image "
+                         "processor always resizes and rescales")
+    if not pre.get("do_normalize", True):
+        raise BuildError("preprocessor_config.json turns off do_normalize; onnxruntime-genai's Qwen-VL processor "
+                         "always normalizes")
+    resample = pre.get("resample", 3)
+    if resample not in INTERPOLATION:
+        raise BuildError(f"preprocessor_config.json resample {resample} ({PILLOW_NAMES.get(resample, 'unknown')}): "
+                         f"onnxruntime-extensions resizes only with {', '.join(INTERPOLATION.values())}")
+    transforms = [
+        _op("decode_image", "DecodeImage", color_space="RGB"),
+        _op("convert_to_rgb", "ConvertRGB"),
+        _op("resize", "Resize", interpolation=INTERPOLATION[resample], smart_resize=1, min_pixels=min_pixels,
+            max_pixels=max_pixels, patch_size=patch_size, merge_size=merge_size),
+        _op("rescale", "Rescale", rescale_factor=float(pre.get("rescale_factor", 1 / 255))),
+        _op("normalize", "Normalize", mean=[float(m) for m in pre["image_mean"]],
+            std=[float(s) for s in pre["image_std"]], **{model_flag: 1}),
+        _op("patch_image", "PatchImage", patch_size=patch_size, temporal_patch_size=temporal_patch_size,
+            merge_size=merge_size),
+    ]
+    return {"processor": {"name": name, "transforms": transforms}}

@@ -55,7 +55,8 @@ class DecoderIO:
     stateless: frozenset[int] = frozenset()
     slots: dict[int, int] = field(default_factory=dict)
     layer_kv_dims: dict[int, tuple[int, int]] = field(default_factory=dict)  # layer -> its own kv_dims
-    position_ids: ir.Value | None = None  # int64 (batch, sequence), where the provider feeds positions
+    position_ids: ir.Value | None = None  # int64 (batch, sequence) where the provider feeds positions;
+    # (3, batch, sequence) for Qwen-VL's M-RoPE (onnxruntime-genai computes both)
 
     def kv_dims_of(self, layer: int) -> tuple[int, int]:
         """(num_kv_heads, head_size) of `layer`'s KV: its own where it differs (Gemma 4's full layers)."""
@@ -67,6 +68,7 @@ class DecoderIO:
         embeds_width: int | None = None, conv_layers=(), conv_state: tuple[int, int] | None = None,
         recurrent_state: tuple[int, ...] | None = None, stateless_layers=(), hybrid_layers=(),
         layer_kv_dims: dict[int, tuple[int, int]] | None = None, position_ids: bool = False,
+        position_rows: int | None = None,
     ) -> DecoderIO:
         """`windowed_layers` keep a window-long KV ring buffer (see Target.windowed_kv_cache);
         `embeds_width` (the hidden size) makes the decoder read inputs_embeds instead of input_ids;
@@ -75,7 +77,9 @@ class DecoderIO:
         `stateless_layers` carry no state at all; `hybrid_layers` (conv layers too) read their KV
         cache before those states; `layer_kv_dims` (layer -> (num_kv_heads, head_size)) gives the
         layers whose KV is shaped apart (Gemma 4's full-attention layers); `position_ids` adds that
-        input (int64, batch by sequence), fed by onnxruntime-genai (the DirectML provider's rotary)."""
+        input (int64, batch by sequence), fed by onnxruntime-genai (the DirectML provider's rotary);
+        `position_rows` makes it (position_rows, batch, sequence), the positions onnxruntime-genai
+        computes for Qwen-VL's multimodal rotary."""
         windowed, stateless = frozenset(windowed_layers), frozenset(stateless_layers)
         slots = {layer: n for n, layer in enumerate(i for i in range(num_layers) if i not in stateless)}
 
@@ -106,7 +110,8 @@ class DecoderIO:
             stateless=stateless,
             slots=slots,
             layer_kv_dims=own,
-            position_ids=_value("position_ids", np.int64, (BATCH, SEQUENCE)) if position_ids else None,
+            position_ids=_value("position_ids", np.int64, (position_rows, BATCH, SEQUENCE) if position_rows
+                                else (BATCH, SEQUENCE)) if position_ids or position_rows else None,
         )
 
     @property

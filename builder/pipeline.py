@@ -27,6 +27,7 @@ from builder.inputs.read import read_input
 from builder.inputs.source import Checkpoint, Source
 from builder.io import DecoderIO
 from builder.options import BuildOptions
+from builder.package import Package
 from builder.output_folder import check_output
 from builder.preflight import (
     check_context_length,
@@ -61,7 +62,7 @@ class Plan:
     graph_sources: dict[str, tuple[str, ...]]  # initializer -> the checkpoint tensors it reads
     source: Source  # what `folder` holds, in its format (and the files that format writes into the output)
     adapter: Adapter | None = None  # a LoRA adapter merged into the weights
-    package: Any = None  # an image-and-text model's other models (architectures.PACKAGES), or None
+    package: Package | None = None  # an image-and-text model's other models (architectures.PACKAGES)
     estimates: dict[str, Estimate] | None = None  # each model's own (file stem -> estimate)
 
     @property
@@ -129,8 +130,10 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
                           conv_layers=info.conv_layers, conv_state=info.conv_state,
                           recurrent_state=info.recurrent_state, stateless_layers=info.stateless_layers,
                           hybrid_layers=info.hybrid_layers, layer_kv_dims=info.layer_kv_dims,
-                          position_ids=target.provider.position_ids)
-    g.position_ids = io.position_ids
+                          position_ids=target.provider.position_ids,
+                          position_rows=3 if package is not None and package.position_ids else None)
+    # The provider's positions (batch, sequence) feed explicit rotary; Qwen-VL's M-RoPE rows its own tables.
+    g.position_ids = io.position_ids if io.position_ids is not None and len(io.position_ids.shape) == 2 else None
     logits, presents = family.build(g, io, checkpoint, config, target)
     checkpoint.check_consumed(family.ignored if package is None else package.ignored)
     if target.quantization is not None:
@@ -161,11 +164,13 @@ def _source_bytes(checkpoint: Checkpoint, sources: dict[str, tuple[str, ...]]) -
 
 def genai_json(p: Plan, options: BuildOptions) -> dict[str, Any]:
     """genai_config.json: the decoder's, or a multimodal package's pipeline."""
-    config = genai_config(p.info, options.target(), p.generation, options.search, inputs_embeds=p.package is not None)
-    if p.package is None:
-        return config
     k = p.package
-    return with_vision(config, k.model_type, f"{k.vision_file}.onnx", k.processor_file, f"{k.embedding_file}.onnx")
+    config = genai_config(p.info, options.target(), p.generation, options.search, inputs_embeds=k is not None,
+                          position_ids=k is not None and k.position_ids)
+    if k is None:
+        return config
+    return with_vision(config, k.model_type, f"{k.vision_file}.onnx", k.processor_file, f"{k.embedding_file}.onnx",
+                       k.model_fields, k.vision_fields, k.vision_inputs)
 
 
 def describe(p: Plan, options: BuildOptions) -> str:

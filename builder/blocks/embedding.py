@@ -80,3 +80,24 @@ def _gather_qdq_columns(g: Graph, input_ids: ir.Value, m: QuantizedValues, block
         zero_points = None if m.zero_points is None else g.op.Gather(m.zero_points, input_ids, axis=1)
         x = g.op.DequantizeLinear(codes, scales, zero_points, axis=0, block_size=block_size)
     return g.op.Transpose(x, perm=[1, 2, 0])  # (K, B, S) -> (B, S, K)
+
+def merge_image_features(g: Graph, input_ids: ir.Value, is_image: ir.Value, features: ir.Value, text: ir.Value,
+                         hidden: int, target: Target) -> ir.Value:
+    """inputs_embeds: `text` (B, S, hidden), with the n-th image token (row-major over batch and
+    sequence; `is_image` (B, S) bool) taking row n of `features` (rows, hidden), in order, as
+    transformers' masked_scatter places them. Image tokens past the rows given (onnxruntime-genai
+    sends zero rows at decode steps) keep their text embedding."""
+    with g.scope("merge_image_features"):
+        rows = g.op.Shape(features, start=0, end=1)  # (1,)
+        flat = g.op.Reshape(is_image, g.constant([-1], "int64"))
+        # The n-th image token (row-major over batch and sequence) takes feature row n.
+        nth = g.op.Sub(g.op.CumSum(g.op.Cast(flat, to=ir.DataType.INT64), g.constant(0, "int64")),
+                       g.constant(1, "int64"))
+        filled = g.op.And(flat, g.op.Less(nth, rows))
+        padded = g.op.Concat(g.op.Cast(features, to=ir.DataType.from_numpy(target.io_dtype)),
+                             g.op.Expand(g.constant(0, target.io_dtype), g.constant([1, hidden], "int64")),
+                             axis=0)  # row `rows`, zeros: what unfilled positions gather (then discarded)
+        picked = g.op.Gather(padded, g.op.Where(filled, nth, rows), axis=0)  # (B·S, hidden)
+        picked = g.op.Reshape(picked, g.op.Shape(text))  # -> (B, S, hidden)
+        mask = g.op.Unsqueeze(g.op.Reshape(filled, g.op.Shape(input_ids)), g.constant([-1], "int64"))
+        return g.op.Where(mask, picked, text)

@@ -226,6 +226,58 @@ class ExplicitRotary:
                                     rotary_embedding_dim=self.rotary_dim, interleaved=int(interleaved))
 
 
+
+@dataclass(frozen=True, eq=False)
+class MultimodalRotary(ExplicitRotary):
+    """Qwen-VL's multimodal rotary (M-RoPE): each token has three positions (temporal, height,
+    width; genai's position_ids (3, B, S)) and each rotary frequency reads one of them. `cos`/`sin`
+    are per-token tables (B·S, rotary_dim / 2) made from those positions by `multimodal_rotary`;
+    RotaryEmbedding reads token n's row at position n."""
+
+    def positions(self, g: Graph, x: ir.Value, seqlens_k: ir.Value) -> ir.Value:
+        return self._positions[0]
+
+
+def mrope_rows(sections: list[int], interleaved: bool) -> np.ndarray:
+    """Which of the three position rows (0 temporal, 1 height, 2 width) each rotary frequency
+    reads: `mrope_section` consecutive runs (Qwen2-VL, Qwen2.5-VL: transformers' per-section split),
+    or interleaved t, h, w, t, h, w, … while each section lasts, then temporal (Qwen3-VL's
+    apply_interleaved_mrope)."""
+    half = sum(sections)
+    if not interleaved:
+        return np.repeat(np.arange(3), sections)
+    rows = np.zeros(half, np.int64)
+    for row in (1, 2):
+        rows[row: 3 * sections[row]: 3] = row
+    return rows
+
+
+def multimodal_rotary(g: Graph, rope: Rope, max_positions: int, position_ids: ir.Value, sections: list[int],
+                      target: Target, interleaved: bool = False) -> MultimodalRotary:
+    """The M-RoPE tables of `position_ids` (3, B, S): cos and sin of each token's own position per
+    frequency (transformers' Qwen2_5_VLRotaryEmbedding: the frequency's row of the three), as
+    (B·S, rotary_dim / 2) tables indexed by the token's place; q and k are then rotated before
+    GroupQueryAttention (do_rotary=0)."""
+    half = len(rope.inv_freq)
+    if sum(sections) != half:
+        raise BuildError(f"mrope_section {sections} sums to {sum(sections)}, but the head rotates {half} frequencies")
+    cos, sin = rope.caches(target.positions(max_positions), target.io_dtype)
+    # (3, 1, 1, half): 1 where the frequency reads that row; a sum over rows then picks it exactly.
+    select = (mrope_rows(sections, interleaved)[None, :] == np.arange(3)[:, None]).astype(target.io_dtype)
+    with g.scope("model", "rotary_emb"):
+        tables = g.weight("cos_cache", cos), g.weight("sin_cache", sin)
+        choose = g.constant(select.reshape(3, 1, 1, half))
+        per_token = []
+        for table in tables:
+            rows = g.op.Gather(table, position_ids, axis=0)  # (3, B, S, half)
+            picked = g.op.ReduceSum(g.op.Mul(rows, choose), g.constant([0], "int64"), keepdims=0)  # -> (B, S, half)
+            per_token.append(g.op.Reshape(picked, g.constant([-1, half], "int64")))  # -> (B·S, half)
+        shape = g.op.Shape(position_ids, start=1, end=3)  # (2,): B, S
+        count = g.op.ReduceProd(shape, keepdims=0)  # B·S
+        places = g.op.Reshape(g.op.Range(g.constant(0, "int64"), count, g.constant(1, "int64")), shape)  # (B, S)
+    return MultimodalRotary(*per_token, rope.rotary_dim, [places])
+
+
 def rotary_tables_by_layer_type(
     g: Graph, parameters: dict[str, Any], layer_types: list[str], head_dim: int, max_positions: int, target: Target,
 ) -> dict[str, tuple[ir.Value, ir.Value]]:

@@ -1,0 +1,109 @@
+"""Qwen2.5-VL's image-and-text package for onnxruntime-genai's `qwen2_5_vl` model type.
+
+Three models, as onnxruntime-genai 0.18 runs them:
+- vision.onnx: one image's patches (patches, C·T·P·P) and its grid image_grid_thw (1, 3) ->
+  image_features (tokens, text hidden): architectures/qwen2_5_vl_vision.py, called once per image;
+- embedding.onnx: input_ids and image_features (tokens, hidden) -> inputs_embeds: the token
+  embeddings with the image features in the image-pad tokens' rows, in order
+  (Qwen2_5_VLModel.forward's masked_scatter); zero rows at decode steps;
+- model.onnx: the text decoder of architectures/qwen2_5_vl.py reading inputs_embeds and the
+  M-RoPE position_ids (3, batch, sequence) that genai computes from image_token_id,
+  vision_start_token_id and the grid (its get_rope_index).
+
+genai's processor (vision_processor.json: onnxruntime-extensions' smart resize and PatchImage)
+expands each <|vision_start|>…<|vision_end|> of the prompt to t·h·w / merge² image-pad tokens.
+
+Precision: the decoder follows the build (int4 quantizes the decoder only). The vision model runs
+in the activation dtype for fp32 and fp16 builds (fp16 keeps its residual stream in float32) and
+in float32 for bf16 builds, as Gemma 3's package does.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from architectures import qwen2_5_vl_vision
+from architectures.qwen2_5_vl import decoder_prefix_of
+from builder.architecture import vocabulary
+from builder.blocks.embedding import merge_image_features
+from builder.config_checks import token_id
+from builder.decoder_config import DecoderConfig
+from builder.graph import Graph
+from builder.hf_config import read_json
+from builder.image_processor import patched_processor
+from builder.inputs.source import Checkpoint
+from builder.io import BATCH, SEQUENCE
+from builder.package import Package
+from builder.target import Target
+
+__all__ = ["embedding_model", "package"]
+
+log = logging.getLogger("builder")
+
+MODEL_TYPE = "qwen2_5_vl"
+# Qwen2_5_VLConfig's default token ids.
+TOKENS = {"image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652}
+# transformers' Qwen2VLImageProcessor defaults for keys preprocessor_config.json leaves out.
+PROCESSOR_DEFAULTS = {"resample": 3, "rescale_factor": 1 / 255, "min_pixels": 56 * 56, "max_pixels": 28 * 28 * 1280,
+                      "image_mean": [0.48145466, 0.4578275, 0.40821073],
+                      "image_std": [0.26862954, 0.26130258, 0.27577711]}
+
+
+def package(raw: dict[str, Any], folder: Path, ckpt: Checkpoint, text: DecoderConfig, target: Target) -> Package | None:
+    """The vision and embedding models of a Qwen2_5_VLForConditionalGeneration checkpoint, or None
+    (and a note) when it carries no vision tower."""
+    if not any(p + "patch_embed.proj.weight" in ckpt for p in qwen2_5_vl_vision.TOWER_PREFIXES):
+        log.info("the checkpoint has no vision tower: building the text decoder only")
+        return None
+    vc = qwen2_5_vl_vision.parse_config(raw)
+    tokens = {key: token_id(raw.get(key, default), key) for key, default in TOKENS.items()}
+    tokens = {key: TOKENS[key] if value is None else value for key, value in tokens.items()}
+    vision_dtype = np.dtype(np.float32) if target.io_dtype != np.float16 else target.io_dtype
+    vision_target = Target(io_dtype=vision_dtype, execution_provider=target.execution_provider)
+    preprocessor = folder / "preprocessor_config.json"
+    pre = read_json(preprocessor, "model") if folder.is_dir() and preprocessor.is_file() else {}
+    vision, embedding = Graph(), Graph()
+    return Package(
+        models={
+            "vision": qwen2_5_vl_vision.vision_model(ckpt, vc, vision_target, vision),
+            "embedding": embedding_model(ckpt, text, tokens["image_token_id"], vision_dtype, target, embedding),
+        },
+        sources={"vision": vision.sources, "embedding": embedding.sources},
+        processor=patched_processor(pre, "qwen2_5_image_processor", MODEL_TYPE, PROCESSOR_DEFAULTS, vc.patch_size,
+                                    vc.spatial_merge_size, vc.temporal_patch_size),
+        model_type=MODEL_TYPE,
+        ignored=("visual.*", "model.visual.*"),
+        model_fields=tokens,
+        vision_fields={"spatial_merge_size": vc.spatial_merge_size, "patch_size": vc.patch_size,
+                       "window_size": vc.window_size, "tokens_per_second": vc.tokens_per_second},
+        vision_inputs={"pixel_values": "pixel_values", "image_grid_thw": "image_grid_thw"},
+        position_ids=True,
+    )
+
+
+def embedding_model(ckpt: Checkpoint, c: DecoderConfig, image_token: int, features_dtype: np.dtype,
+                    target: Target, g: Graph | None = None) -> ir.Model:
+    """input_ids (batch, sequence) and image_features (tokens, hidden) in `features_dtype` ->
+    inputs_embeds (batch, sequence, hidden) in the target's IO dtype; recorded on `g`."""
+    H = c.hidden_size
+    g = g or Graph()
+    ids = ir.Value(name="input_ids", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape((BATCH, SEQUENCE)))
+    features = ir.Value(name="image_features", type=_type(features_dtype), shape=ir.Shape(("num_image_tokens", H)))
+    embed = decoder_prefix_of(ckpt) + "embed_tokens.weight"
+    vocab = vocabulary(g, ckpt, target, (c.vocab_size, H), c.tie_word_embeddings, embed=embed)
+    is_image = g.op.Equal(ids, g.constant(image_token, np.int64))
+    # An image token past the vocabulary is looked up as token 0, then replaced.
+    lookup = g.op.Where(is_image, g.constant(0, np.int64), ids) if image_token >= c.vocab_size else ids
+    embeds = merge_image_features(g, ids, is_image, features, vocab.embed(g, lookup), H, target)
+    embeds.name, embeds.type = "inputs_embeds", _type(target.io_dtype)
+    embeds.shape = ir.Shape((BATCH, SEQUENCE, H))
+    return g.model([ids, features], [embeds])
+
+
+def _type(dtype: np.dtype) -> ir.TensorType:
+    return ir.TensorType(ir.DataType.from_numpy(np.dtype(dtype)))

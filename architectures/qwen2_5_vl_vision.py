@@ -1,0 +1,235 @@
+"""Qwen2.5-VL's vision encoder: one image's patches (as onnxruntime-genai's processor sends them)
+to the image features that replace its image-pad tokens' embeddings.
+
+Reference: transformers/models/qwen2_5_vl/modeling_qwen2_5_vl.py
+(Qwen2_5_VisionTransformerPretrainedModel and its modules) and transformers/vision_utils.py
+(get_vision_position_ids, get_vision_window_index). The patch embedding is a Conv3d whose kernel
+equals its stride, so over the processor's flattened patches (C·T·P·P values each, in merge
+order) it is a linear. Blocks: RMSNorm, attention with a 2-D rotary (each patch's row and column),
+SwiGLU MLP with biases; the blocks of `fullatt_block_indexes` attend over the whole image (each
+frame), the others within windows of `window_size` pixels. The patch merger (ln_q, then an MLP
+over each merge x merge group of patches) makes one token per group.
+
+transformers reorders the patches window by window (get_window_index) so that each window is a
+contiguous run, and puts the merged tokens back at the end. Attention within a set of patches
+does not depend on their order, and everything else is per patch (or per merge group, which the
+reordering keeps together), so here the patches stay in the processor's order and attention is
+masked to pairs in the same window (or frame): the same sums, no permutation.
+
+The graph is dynamic in the grid: pixel_values (patches, C·T·P·P) and image_grid_thw (1, 3)
+int64, one image per call (onnxruntime-genai calls it once per image when the grid's first
+dimension is fixed), returning (patches / merge², out_hidden_size).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+
+from builder.architecture import Weights, prefix_holding
+from builder.blocks import ResidualStream, gated_mlp, linear
+from builder.blocks.rope import MultimodalRotary, default_inv_freq
+from builder.config_checks import config_object
+from builder.graph import Graph
+from builder.hf_config import from_dict
+from builder.inputs.source import Checkpoint
+from builder.target import Target
+
+__all__ = ["TOWER_PREFIXES", "Qwen2_5_VLVisionConfig", "build", "parse_config", "vision_model"]
+
+# The hub's layout, then transformers 5's module path.
+TOWER_PREFIXES = ("visual.", "model.visual.")
+NORM_EPS = 1e-6  # Qwen2_5_VLVisionBlock's and the merger's RMSNorm
+
+
+@dataclass(frozen=True)
+class Qwen2_5_VLVisionConfig:
+    """config.json's `vision_config` (Qwen2_5_VLVisionConfig's keys and defaults; the hub's older
+    `in_chans` read as in_channels)."""
+
+    depth: int = 32
+    hidden_size: int = 3584
+    hidden_act: str = "silu"
+    intermediate_size: int = 3420
+    num_heads: int = 16
+    in_channels: int = 3
+    patch_size: int = 14
+    spatial_merge_size: int = 2
+    temporal_patch_size: int = 2
+    tokens_per_second: int = 4
+    window_size: int = 112
+    out_hidden_size: int = 3584
+    fullatt_block_indexes: list[int] = field(default_factory=lambda: [7, 15, 23, 31])
+    rope_parameters: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads or self.head_dim % 4:
+            raise ValueError(f"vision_config: hidden_size {self.hidden_size} over num_heads {self.num_heads} is not "
+                             "a head size divisible by 4 (the 2-D rotary splits it into four)")
+        if self.window_size < self.spatial_merge_size * self.patch_size:
+            raise ValueError(f"vision_config: window_size {self.window_size} is smaller than one merged patch "
+                             f"({self.spatial_merge_size} x {self.patch_size} pixels)")
+        if any(not 0 <= i < self.depth for i in self.fullatt_block_indexes):
+            raise ValueError(f"vision_config: fullatt_block_indexes {self.fullatt_block_indexes} name blocks "
+                             f"outside 0..{self.depth - 1}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def patch_values(self) -> int:
+        """One flattened patch: C·T·P·P."""
+        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
+
+    @property
+    def window_units(self) -> int:
+        """A window's side in merged patches (get_vision_window_index's vit_merger_window_size)."""
+        return self.window_size // self.spatial_merge_size // self.patch_size
+
+    @property
+    def rope_theta(self) -> float:
+        return float(self.rope_parameters.get("rope_theta", 10_000.0))
+
+
+def parse_config(raw: dict[str, Any]) -> Qwen2_5_VLVisionConfig:
+    """The encoder's settings from config.json's `vision_config` (transformers' defaults where it
+    has none)."""
+    vision = dict(config_object(raw, "vision_config"))
+    if "in_chans" in vision:
+        vision.setdefault("in_channels", vision["in_chans"])
+    return from_dict(Qwen2_5_VLVisionConfig, vision, key_prefix="vision_config.")
+
+
+@dataclass(frozen=True)
+class PatchLayout:
+    """Per patch, from the grid: its rotary tables and the attention biases of the two block kinds."""
+
+    rotary: MultimodalRotary
+    full: ir.Value  # (1, 1, N, N): 0 within a frame, the dtype's lowest elsewhere
+    window: ir.Value  # (1, 1, N, N): 0 within a window of a frame, the dtype's lowest elsewhere
+
+
+def patch_layout(g: Graph, pixels: ir.Value, grid: ir.Value, c: Qwen2_5_VLVisionConfig, target: Target) -> PatchLayout:
+    """Each patch's row and column (get_vision_position_ids: merge x merge groups in raster order,
+    raster order within a group), its frame and its window, for patches in the processor's order."""
+    i64 = lambda v: g.constant(v, np.int64)  # noqa: E731
+    m = c.spatial_merge_size
+    with g.scope("model", "visual", "patch_layout"):
+        t_h_w = g.op.Reshape(grid, i64([3]))  # (1, 3) -> (3,)
+        h, w = g.op.Gather(t_h_w, i64(1), axis=0), g.op.Gather(t_h_w, i64(2), axis=0)  # scalars
+        count = g.op.Squeeze(g.op.Shape(pixels, start=0, end=1), i64([0]))  # N
+        index = g.op.Range(i64(0), count, i64(1))  # (N,)
+        frame_size = g.op.Mul(h, w)
+        frame, place = g.op.Div(index, frame_size), g.op.Mod(index, frame_size)
+        group, within = g.op.Div(place, i64(m * m)), g.op.Mod(place, i64(m * m))
+        groups_wide = g.op.Div(w, i64(m))
+        group_row, group_col = g.op.Div(group, groups_wide), g.op.Mod(group, groups_wide)
+        row = g.op.Add(g.op.Mul(group_row, i64(m)), g.op.Div(within, i64(m)))  # (N,)
+        col = g.op.Add(g.op.Mul(group_col, i64(m)), g.op.Mod(within, i64(m)))  # (N,)
+        # A window: window_units x window_units merge groups of one frame; the key names it uniquely.
+        units = i64(c.window_units)
+        window = g.op.Add(g.op.Mul(g.op.Add(g.op.Mul(frame, h), g.op.Div(group_row, units)), w),
+                          g.op.Div(group_col, units))
+        rotary = _rotary(g, row, col, index, c, target)
+        return PatchLayout(rotary, _same(g, frame, target), _same(g, window, target))
+
+
+def _rotary(g: Graph, row: ir.Value, col: ir.Value, index: ir.Value, c: Qwen2_5_VLVisionConfig,
+            target: Target) -> MultimodalRotary:
+    """Qwen2_5_VLVisionRotaryEmbedding: head_dim / 4 frequencies (theta^(-2i / (head_dim / 2))),
+    the row's angles then the column's as the head's rotate_half pairs; per-patch (N, head_dim / 2)
+    tables read at each patch's own index."""
+    inv_freq = g.constant(default_inv_freq(c.rope_theta, c.head_dim // 2))  # (head_dim / 4,)
+    dtype = ir.DataType.from_numpy(np.dtype(target.io_dtype))
+    with g.scope("rotary_pos_emb"):
+        angles = [g.op.Mul(g.op.Unsqueeze(g.op.Cast(p, to=ir.DataType.FLOAT), g.constant([1], np.int64)), inv_freq)
+                  for p in (row, col)]  # (N, 1) · (head_dim / 4,) -> (N, head_dim / 4)
+        freqs = g.op.Concat(*angles, axis=-1)  # (N, head_dim / 2)
+        cos, sin = (g.op.Cast(f(freqs), to=dtype) for f in (g.op.Cos, g.op.Sin))
+        places = g.op.Unsqueeze(index, g.constant([0], np.int64))  # (1, N)
+    return MultimodalRotary(cos, sin, c.head_dim, [places])
+
+
+def _same(g: Graph, key: ir.Value, target: Target) -> ir.Value:
+    """(1, 1, N, N) attention bias: 0 where two patches share `key`, the dtype's lowest elsewhere."""
+    dtype = np.dtype(target.io_dtype)
+    same = g.op.Equal(g.op.Unsqueeze(key, g.constant([1], np.int64)), g.op.Unsqueeze(key, g.constant([0], np.int64)))
+    bias = g.op.Where(same, g.constant(0.0, dtype), g.constant(np.finfo(dtype).min, dtype))  # (N, N)
+    return g.op.Unsqueeze(bias, g.constant([0, 1], np.int64))
+
+
+def block(g: Graph, stream: ResidualStream, w: Weights, c: Qwen2_5_VLVisionConfig, rotary: MultimodalRotary,
+          bias: ir.Value, target: Target) -> None:
+    """Qwen2_5_VLVisionBlock.forward: x + attn(norm1(x)), then x + mlp(norm2(x))."""
+    H, I, D = c.hidden_size, c.intermediate_size, c.head_dim
+    with g.scope("norm1"):
+        h = stream.norm(w("norm1.weight", H))
+    a = w.under("attn.")
+    with g.scope("attn"):
+        with g.scope("qkv"):
+            qkv = linear(g, h, a("qkv.weight", 3 * H, H), target, a("qkv.bias", 3 * H))  # (1, N, 3H)
+        q, k, v = g.op.Split(qkv, g.constant([H, H, H], np.int64), axis=-1, _outputs=3)  # q | k | v, heads within
+        with g.scope("q_rotary"):
+            q = rotary.rotate(g, q, c.num_heads, None, False)
+        with g.scope("k_rotary"):
+            k = rotary.rotate(g, k, c.num_heads, None, False)
+        h = g.ms.MultiHeadAttention(q, k, v, None, None, bias, num_heads=c.num_heads, scale=D ** -0.5)
+        with g.scope("proj"):
+            stream.add(linear(g, h, a("proj.weight", H, H), target, a("proj.bias", H)))
+    with g.scope("norm2"):
+        h = stream.norm(w("norm2.weight", H))
+    m = w.under("mlp.")
+    with g.scope("mlp"):
+        stream.add(gated_mlp(g, h, m("gate_proj.weight", I, H), m("up_proj.weight", I, H), m("down_proj.weight", H, I),
+                             c.hidden_act, target, (m("gate_proj.bias", I), m("up_proj.bias", I), m("down_proj.bias", H))))
+
+
+def build(g: Graph, pixels: ir.Value, grid: ir.Value, ckpt: Checkpoint, c: Qwen2_5_VLVisionConfig,
+          target: Target) -> ir.Value:
+    """Records the encoder on `g`: pixel_values (N, C·T·P·P) and image_grid_thw (1, 3) ->
+    image_features (N / merge², out_hidden_size), in the target's IO dtype."""
+    H, m = c.hidden_size, c.spatial_merge_size
+    tower = Weights(ckpt, prefix_holding(ckpt, "patch_embed.proj.weight", TOWER_PREFIXES))
+    layout = patch_layout(g, pixels, grid, c, target)
+    with g.scope("model", "visual", "patch_embed", "proj"):
+        T, P = c.temporal_patch_size, c.patch_size
+        # Conv3d [H, C, T, P, P] with kernel = stride over one patch's (C, T, P, P) values: a linear.
+        kernel = tower("patch_embed.proj.weight", H, c.in_channels, T, P, P).reshaped(H, c.patch_values)
+        x = linear(g, pixels, kernel, target)  # (N, C·T·P·P) -> (N, H)
+    x = g.op.Unsqueeze(x, g.constant([0], np.int64))  # -> (1, N, H)
+    # As in the decoders, fp16 builds keep the residual stream and its norms in float32.
+    stream = ResidualStream(g, x, NORM_EPS, target, np.float32 if target.io_dtype == np.float16 else None)
+    for i in range(c.depth):
+        with g.scope("model", "visual", f"blocks.{i}"):
+            bias = layout.full if i in c.fullatt_block_indexes else layout.window
+            block(g, stream, tower.under(f"blocks.{i}."), c, layout.rotary, bias, target)
+    merger = tower.under("merger.")
+    wide = H * m * m
+    with g.scope("model", "visual", "merger"):
+        with g.scope("ln_q"):
+            x = stream.norm(merger("ln_q.weight", H))  # (1, N, H)
+        x = g.op.Reshape(x, g.constant([-1, wide], np.int64))  # (1, N, H) -> (N / m², m²·H): one row per group
+        with g.scope("mlp.0"):
+            x = linear(g, x, merger("mlp.0.weight", wide, wide), target, merger("mlp.0.bias", wide))
+        with g.scope("mlp.1"):
+            x = g.op.Gelu(x)  # nn.GELU(): the exact erf form
+        with g.scope("mlp.2"):
+            return linear(g, x, merger("mlp.2.weight", c.out_hidden_size, wide), target,
+                          merger("mlp.2.bias", c.out_hidden_size))  # (N / m², out_hidden_size)
+
+
+def vision_model(ckpt: Checkpoint, c: Qwen2_5_VLVisionConfig, target: Target, g: Graph | None = None) -> ir.Model:
+    """The whole vision model: inputs `pixel_values` (patches, C·T·P·P) in the target's IO dtype
+    and `image_grid_thw` (1, 3) int64; output `image_features` (tokens, out_hidden_size)."""
+    g = g or Graph()
+    dtype = ir.TensorType(ir.DataType.from_numpy(np.dtype(target.io_dtype)))
+    pixels = ir.Value(name="pixel_values", type=dtype, shape=ir.Shape(("num_patches", c.patch_values)))
+    grid = ir.Value(name="image_grid_thw", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape((1, 3)))
+    features = build(g, pixels, grid, ckpt, c, target)
+    features.name, features.type = "image_features", dtype
+    features.shape = ir.Shape(("num_image_tokens", c.out_hidden_size))
+    return g.model([pixels, grid], [features])

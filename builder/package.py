@@ -1,0 +1,40 @@
+"""A multimodal build's models beside the decoder, and what genai_config.json says of them.
+
+An architecture's package module (Family.package) returns one from
+`package(raw, folder, checkpoint, config, target)`; builder/pipeline.py plans, writes and
+describes its models next to model.onnx.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import onnx_ir as ir
+
+from builder.image_processor import PROCESSOR_FILE
+
+__all__ = ["Package"]
+
+
+@dataclass
+class Package:
+    """The models beside the decoder (file stem -> model) and what genai_config.json says of them.
+
+    `model_fields`: keys genai reads at model level (Qwen-VL's image_token_id, ...);
+    `vision_fields`: keys of the vision section beyond filename, config file and session;
+    `vision_inputs`: the vision model's inputs by genai's names; `position_ids`: the decoder
+    reads position ids (3, batch, sequence) that genai computes (Qwen-VL's M-RoPE)."""
+
+    models: dict[str, ir.Model]
+    sources: dict[str, dict[str, tuple[str, ...]]]  # file stem -> initializer -> checkpoint tensors read
+    processor: dict[str, Any]
+    model_type: str
+    ignored: tuple[str, ...] = ()
+    vision_file: str = "vision"
+    embedding_file: str = "embedding"
+    processor_file: str = PROCESSOR_FILE
+    model_fields: dict[str, Any] = field(default_factory=dict)
+    vision_fields: dict[str, Any] = field(default_factory=dict)
+    vision_inputs: dict[str, str] = field(default_factory=lambda: {"pixel_values": "pixel_values"})
+    position_ids: bool = False
