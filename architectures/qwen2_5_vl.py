@@ -41,7 +41,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
         eos_token_id=151645, default_theta=1_000_000.0,
     ),
 }
-STRUCTURE = {"Qwen2_5_VLForConditionalGeneration": dict(qkv_bias=True, attention_bias=False)}
+# Qwen2's q/k/v biases; alone (--text-only), the decoder is onnxruntime-genai's `qwen2` (the
+# package's genai_config.json says qwen2_5_vl).
+STRUCTURE = {"Qwen2_5_VLForConditionalGeneration": dict(qkv_bias=True, attention_bias=False, model_type="qwen2")}
 # Qwen2_5_VLRotaryEmbedding's mrope_section when rope_parameters has none.
 MROPE_DEFAULT = [16, 24, 24]
 # Where the decoder lives: the hub's layout, then transformers 5's module path.
