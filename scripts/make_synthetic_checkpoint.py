@@ -72,6 +72,20 @@ GEMMA_3_12B_IT = {
         "num_attention_heads": 16, "patch_size": 14, "image_size": 896, "vision_use_head": False,
     },
 }
+QWEN2_5_VL_7B = {  # Qwen/Qwen2.5-VL-7B-Instruct's config.json (the hub's flat form), from memory
+    "architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl", "hidden_size": 3584,
+    "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+    "vocab_size": 152064, "max_position_embeddings": 128000, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}, "sliding_window": 32768,
+    "use_sliding_window": False, "max_window_layers": 28, "tie_word_embeddings": False, "bos_token_id": 151643,
+    "eos_token_id": 151645, "image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
+    "vision_end_token_id": 151653, "torch_dtype": "bfloat16",
+    "vision_config": {
+        "depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
+        "in_chans": 3, "out_hidden_size": 3584, "patch_size": 14, "spatial_merge_size": 2, "spatial_patch_size": 14,
+        "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2, "temporal_patch_size": 2,
+    },
+}
 PHI_4_MINI = {
     "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "vocab_size": 200064, "hidden_size": 3072,
     "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8,
@@ -549,6 +563,7 @@ PRESETS: dict[str, dict] = {
     "Qwen3-0.6B": QWEN3_0_6B,
     "gemma-3-1b-it": GEMMA_3_1B_IT,
     "gemma-3-12b-it": GEMMA_3_12B_IT,
+    "Qwen2.5-VL-7B-Instruct": QWEN2_5_VL_7B,
     "Phi-4-mini": PHI_4_MINI,
     "aya-23-8B": AYA_23_8B,
     "c4ai-command-r7b-12-2024": COMMAND_R7B,
@@ -676,6 +691,28 @@ def gemma3_multimodal_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     yield from siglip_tensors(c["vision_config"])
     yield "multi_modal_projector.mm_input_projection_weight", (c["vision_config"]["hidden_size"], c["text_config"]["hidden_size"])
     yield "multi_modal_projector.mm_soft_emb_norm.weight", (c["vision_config"]["hidden_size"],)
+
+
+def qwen2_5_vl_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """The hub layout of Qwen2.5-VL: Qwen2's decoder (model.*, lm_head) and the vision tower visual.*
+    (Conv3d patch embedding, fused qkv, SwiGLU with biases, the merger's ln_q and two-layer MLP)."""
+    yield from llama_tensors(dict(c, model_type="qwen2"))
+    v = c["vision_config"]
+    H, I, m = v["hidden_size"], v["intermediate_size"], v["spatial_merge_size"]
+    yield "visual.patch_embed.proj.weight", (H, v["in_chans"], v["temporal_patch_size"], v["patch_size"], v["patch_size"])
+    for i in range(v["depth"]):
+        p = f"visual.blocks.{i}."
+        yield from ((p + f"norm{n}.weight", (H,)) for n in (1, 2))
+        yield from ((p + f"attn.qkv.{kind}", shape) for kind, shape in (("weight", (3 * H, H)), ("bias", (3 * H,))))
+        yield from ((p + f"attn.proj.{kind}", shape) for kind, shape in (("weight", (H, H)), ("bias", (H,))))
+        for name, shape in _swiglu(p + "mlp.", I, H):
+            yield name, shape
+            yield name.replace(".weight", ".bias"), shape[:1]
+    wide = H * m * m
+    yield "visual.merger.ln_q.weight", (H,)
+    yield from (("visual.merger.mlp.0." + k, s) for k, s in (("weight", (wide, wide)), ("bias", (wide,))))
+    yield from (("visual.merger.mlp.2." + k, s) for k, s in (("weight", (v["out_hidden_size"], wide)),
+                                                              ("bias", (v["out_hidden_size"],))))
 
 
 def phi3_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
@@ -1342,6 +1379,7 @@ TENSORS = {
     "granite": llama_tensors, "smollm3": llama_tensors, "seed_oss": llama_tensors, "ernie4_5": llama_tensors,
     "ministral": llama_tensors, "ministral3": llama_tensors,
     "gemma3_text": gemma3_text_tensors, "gemma3": gemma3_multimodal_tensors, "phi3": phi3_tensors,
+    "qwen2_5_vl": qwen2_5_vl_tensors,
     "cohere": cohere_tensors, "cohere2": cohere_tensors, "glm": glm_tensors, "glm4": glm_tensors,
     "phi": gptstyle_tensors, "stablelm": gptstyle_tensors, "starcoder2": gptstyle_tensors, "nemotron": gptstyle_tensors,
     "olmo": olmo_tensors, "olmo2": olmo_tensors, "olmo3": olmo_tensors, "exaone4": olmo_tensors,
@@ -1453,6 +1491,12 @@ def shrunk(config: dict) -> dict:
     if "short_factor" in rope:  # one factor per rotated pair of the 64-wide head
         pairs = int(64 * text.get("partial_rotary_factor", 1.0)) // 2
         rope["short_factor"], rope["long_factor"] = [1.0] * pairs, [2.0] * pairs
+    if "mrope_section" in rope:  # the sections of the 64-wide head's 32 frequencies, in the preset's proportions
+        rope["mrope_section"] = [8, 12, 12]
+    if c.get("model_type") == "qwen2_5_vl":  # two blocks, a window one and a global one, 4 heads of 8
+        c["vision_config"].update(depth=2, hidden_size=32, intermediate_size=64, num_heads=4, fullatt_block_indexes=[1],
+                                  out_hidden_size=text["hidden_size"])
+        return c
     if "vision_config" in c:
         # 16x16 patches: the 256 image tokens onnxruntime-genai expects, unpooled.
         patch = c["vision_config"].get("patch_size", 14)
