@@ -51,7 +51,7 @@ TOLERANCE = {"fp32": (0.99999, 1.0), "fp16": (0.999, 0.9), "int8": (0.998, 0.9),
 
 
 # Modules of an image-and-text checkpoint that its package keeps in float (the vision model).
-FLOAT_TOWERS = ("vision_tower", "multi_modal_projector")
+FLOAT_TOWERS = ("vision_tower", "multi_modal_projector", "visual")
 
 # The Linear modules of transformers' mixtures of experts that the build keeps in float, as every
 # router (HunYuan's gate.wg, PhiMoE's router, Qwen2-MoE's shared-expert gate): not rounded here.
@@ -299,19 +299,30 @@ def verify(options: BuildOptions, output: Path, folder: Path, quiet: bool = Fals
                 feed[name] = past[f"present.{i}.{kind}"] if past else np.zeros((1, heads, cap, size), dtype)
         return dict(zip(names, session.run(None, feed)))
 
-    def compare(prompt_ids, extra, prefill_feed, prompt=""):
+    def compare(prompt_ids, extra, prefill_feed, prompt="", positions=None):
         with torch.no_grad():
             ref = model(input_ids=torch.tensor([prompt_ids]), use_cache=True, **extra)
             nxt = int(ref.logits[0, -1].argmax())
             ref_step = model(input_ids=torch.tensor([[nxt]]), past_key_values=ref.past_key_values, use_cache=True)
+        step_feed = embed(np.array([[nxt]], np.int64))
+        if "position_ids" in inputs:  # Qwen-VL's M-RoPE rows, as genai computes them; text: 0, 1, 2, ...
+            if positions is None:
+                positions = np.broadcast_to(np.arange(len(prompt_ids)), (3, 1, len(prompt_ids)))
+            prefill_feed = {**prefill_feed, "position_ids": np.ascontiguousarray(positions, np.int64)}
+            step_feed["position_ids"] = np.full((3, 1, 1), positions.max() + 1, np.int64)
         first = run(prefill_feed, None, len(prompt_ids))
-        second = run(embed(np.array([[nxt]], np.int64)), first, len(prompt_ids) + 1)
+        second = run(step_feed, first, len(prompt_ids) + 1)
         got = np.concatenate([first["logits"][0], second["logits"][0]]).astype(np.float64)
         want = np.concatenate([ref.logits[0].numpy(), ref_step.logits[0].numpy()]).astype(np.float64)
         return _verdict(got, want, options, prompt)
 
     verdicts = [compare(ids, {}, embed(np.array([ids], np.int64)))]
-    if "vision" in genai:
+    if "vision" in genai and "image_grid_thw" in genai["vision"]["inputs"]:
+        image_ids, extra, positions = _grid_image_prompt(model, genai, ids)
+        features = _image_features(output, genai, extra["pixel_values"].numpy(), extra["image_grid_thw"].numpy())
+        feed = embed(np.array([image_ids], np.int64), features)
+        verdicts.append(compare(image_ids, extra, feed, "with an image", positions))
+    elif "vision" in genai:
         image_ids, pixels = _image_prompt(model.config, ids)
         features = _image_features(output, genai, pixels)
         feed = embed(np.array([image_ids], np.int64), features)
@@ -343,12 +354,37 @@ def _image_prompt(config, ids: list[int]) -> tuple[list[int], np.ndarray]:
     return [*ids, *image], pixels
 
 
-def _image_features(output: Path, genai: dict, pixels: np.ndarray) -> np.ndarray:
+def _grid_image_prompt(model, genai: dict, ids: list[int]):
+    """Qwen-VL: the text prompt followed by one image of 8 x 8 patches as genai's processor writes
+    it (vision start, t·h·w / merge² image-pad tokens, vision end), smooth synthetic patches, and
+    the M-RoPE positions transformers computes for them (get_rope_index); returns (ids, the
+    reference's image inputs, positions (3, 1, S))."""
+    import torch
+
+    config, vision = model.config, genai["vision"]
+    merge, patch = vision["spatial_merge_size"], vision["patch_size"]
+    grid = np.array([[1, 8, 8]], np.int64)
+    image = [config.vision_start_token_id, *[config.image_token_id] * (64 // merge ** 2), config.vision_end_token_id]
+    width = 3 * config.vision_config.temporal_patch_size * patch * patch
+    x = np.arange(64)[:, None] / 64 + np.arange(width)[None, :] / width
+    pixels = np.sin(6 * x).astype(np.float32)  # (patches, C·T·P·P)
+    image_ids = torch.tensor([[*ids, *image]])
+    extra = {"pixel_values": torch.from_numpy(pixels), "image_grid_thw": torch.from_numpy(grid),
+             "mm_token_type_ids": (image_ids == config.image_token_id).int()}
+    with torch.no_grad():
+        positions, _ = model.model.get_rope_index(image_ids, extra["mm_token_type_ids"], extra["image_grid_thw"])
+    return image_ids[0].tolist(), extra, positions.numpy()
+
+
+def _image_features(output: Path, genai: dict, pixels: np.ndarray, grid: np.ndarray | None = None) -> np.ndarray:
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(output / genai["vision"]["filename"]), providers=["CPUExecutionProvider"])
     kind = {i.name: i.type for i in session.get_inputs()}["pixel_values"]
-    return session.run(None, {"pixel_values": pixels.astype(np.float16 if kind == "tensor(float16)" else np.float32)})[0]
+    feed = {"pixel_values": pixels.astype(np.float16 if kind == "tensor(float16)" else np.float32)}
+    if grid is not None:
+        feed["image_grid_thw"] = grid
+    return session.run(None, feed)[0]
 
 
 def _embedder(output: Path, genai: dict, hidden: int):
@@ -360,7 +396,8 @@ def _embedder(output: Path, genai: dict, hidden: int):
         return lambda ids, features=None: {"input_ids": ids}
     session = ort.InferenceSession(str(output / genai["embedding"]["filename"]), providers=["CPUExecutionProvider"])
     kind = {i.name: i.type for i in session.get_inputs()}["image_features"]
-    empty = np.zeros((1, 0, hidden), np.float16 if kind == "tensor(float16)" else np.float32)
+    rank = len(next(i for i in session.get_inputs() if i.name == "image_features").shape)
+    empty = np.zeros((1, 0, hidden)[3 - rank:], np.float16 if kind == "tensor(float16)" else np.float32)
 
     def embed(ids, features=None):
         rows = empty if features is None else features.astype(empty.dtype)

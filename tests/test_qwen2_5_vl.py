@@ -403,3 +403,15 @@ def test_malformed_values_are_refused_in_one_line(source, tmp_path, capsys, key,
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int4"])
+def test_verify_runs_a_text_prompt_and_an_image_prompt(source, tmp_path, capsys, precision):
+    # --verify feeds the decoder its M-RoPE position_ids: text positions, then transformers'
+    # get_rope_index over an 8x8-patch image (vision -> embedding -> decoder).
+    assert main(["-m", str(source), "-o", str(tmp_path / "out"), "-p", precision, "--verify"]) == 0
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("verify")]
+    assert [line.split(":")[0] for line in lines] == ["verify", "verify (with an image)"]
+    assert all(line.endswith("PASS") for line in lines), lines
+    if precision == "fp32":
+        assert all("cosine 1.000000" in line and "top-1 agreement 100%" in line for line in lines), lines
