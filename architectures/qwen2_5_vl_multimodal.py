@@ -33,6 +33,7 @@ from builder.architecture import vocabulary
 from builder.blocks.embedding import merge_image_features
 from builder.config_checks import token_id
 from builder.decoder_config import DecoderConfig
+from builder.errors import BuildError
 from builder.graph import Graph
 from builder.hf_config import read_json
 from builder.image_processor import patched_processor
@@ -61,6 +62,9 @@ def package(raw: dict[str, Any], folder: Path, ckpt: Checkpoint, text: DecoderCo
         log.info("the checkpoint has no vision tower: building the text decoder only")
         return None
     vc = qwen2_5_vl_vision.parse_config(raw)
+    if vc.out_hidden_size != text.hidden_size:
+        raise BuildError(f"config.json: vision_config.out_hidden_size {vc.out_hidden_size} is not the text decoder's "
+                         f"hidden_size {text.hidden_size}: the image features could not replace token embeddings")
     tokens = {key: token_id(raw.get(key, default), key) for key, default in TOKENS.items()}
     tokens = {key: TOKENS[key] if value is None else value for key, value in tokens.items()}
     vision_dtype = np.dtype(np.float32) if target.io_dtype != np.float16 else target.io_dtype

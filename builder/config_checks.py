@@ -32,6 +32,8 @@ POSITIVE = frozenset({
     "num_local_experts", "num_experts_per_tok",
     "moe_intermediate_size", "decoder_sparse_step", "moe_k", "moe_num_experts", "moe_layer_interval",
     "no_rope_layer_interval", "num_channels", "image_size", "patch_size", "mm_tokens_per_image", "text_hidden_size",
+    # Qwen-VL's vision_config
+    "num_heads", "in_channels", "spatial_merge_size", "temporal_patch_size", "window_size", "out_hidden_size",
     # Numbers that divide: an eps of 0 makes a zero row (a padding token's embedding) 0/0 = NaN;
     # a scalar of 0 is 0 ** -0.5; a softcap of 0 is x / 0.
     "rms_norm_eps", "layer_norm_eps", "norm_eps", "norm_epsilon",

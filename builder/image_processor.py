@@ -9,6 +9,7 @@ takes Pillow's filters by name.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from builder.errors import BuildError
@@ -83,6 +84,13 @@ def patched_processor(pre: dict[str, Any], name: str, model_flag: str, defaults:
     if not pre.get("do_resize", True) or not pre.get("do_rescale", True):
         raise BuildError("preprocessor_config.json turns off do_resize or do_rescale; onnxruntime-genai's image "
                          "processor always resizes and rescales")
+    for key in ("image_mean", "image_std"):
+        values = pre[key]
+        if (not isinstance(values, list) or len(values) != 3
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
+                or (key == "image_std" and 0 in values)):
+            raise BuildError(f"preprocessor_config.json: {key} is {values!r}; expected three finite numbers (RGB)"
+                             + (", none 0" if key == "image_std" else ""))
     if not pre.get("do_normalize", True):
         raise BuildError("preprocessor_config.json turns off do_normalize; onnxruntime-genai's Qwen-VL processor "
                          "always normalizes")

@@ -383,22 +383,35 @@ def test_hub_flat_config_builds_the_same_package(source, package, tmp_path):
         assert (out / name).read_bytes() == (package / name).read_bytes(), name
 
 
-@pytest.mark.parametrize("key, value, message", [
-    ("mrope_section", [2, 3, 4], "mrope_section [2, 3, 4]"),
-    ("window_size", 14, "window_size 14"),
-    ("fullatt_block_indexes", [5], "fullatt_block_indexes [5]"),
-])
-def test_malformed_values_are_refused_in_one_line(source, tmp_path, capsys, key, value, message):
+# (file, section, key, value, what the one line names). Each ended in a traceback (a division by
+# zero, a failed float conversion) or a package genai could not run, before these checks.
+MALFORMED = [
+    ("config.json", "text_config", "rope_parameters", {"rope_type": "default", "mrope_section": [2, 3, 4]},
+     "mrope_section [2, 3, 4]"),
+    ("config.json", "text_config", "rope_parameters", {"rope_type": "default", "mrope_section": "x"}, "mrope_section"),
+    ("config.json", "vision_config", "window_size", 14, "window_size 14"),
+    ("config.json", "vision_config", "fullatt_block_indexes", [5], "fullatt_block_indexes [5]"),
+    ("config.json", "vision_config", "num_heads", 0, "vision_config.num_heads"),
+    ("config.json", "vision_config", "spatial_merge_size", 0, "vision_config.spatial_merge_size"),
+    ("config.json", "vision_config", "hidden_size", "32", "vision_config.hidden_size"),
+    ("config.json", None, "vision_config", 5, "vision_config"),
+    ("config.json", None, "image_token_id", -5, "image_token_id"),
+    ("preprocessor_config.json", None, "min_pixels", -1, "min_pixels"),
+    ("preprocessor_config.json", None, "patch_size", 16, "patch_size is 16"),
+    ("preprocessor_config.json", None, "image_mean", "x", "image_mean"),
+    ("preprocessor_config.json", None, "image_std", [0.5, 0, 0.5], "image_std"),
+]
+
+
+@pytest.mark.parametrize("file, section, key, value, message", MALFORMED)
+def test_malformed_values_are_refused_in_one_line(source, tmp_path, capsys, file, section, key, value, message):
     folder = tmp_path / "src"
     folder.mkdir()
     for f in source.iterdir():
         (folder / f.name).write_bytes(f.read_bytes())
-    raw = json.loads((source / "config.json").read_text())
-    if key == "mrope_section":
-        raw["text_config"]["rope_parameters"]["mrope_section"] = value
-    else:
-        raw["vision_config"][key] = value
-    (folder / "config.json").write_text(json.dumps(raw))
+    raw = json.loads((source / file).read_text())
+    (raw[section] if section else raw)[key] = value
+    (folder / file).write_text(json.dumps(raw))
     assert main(["-m", str(folder), "-o", str(tmp_path / "out"), "-q"]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
