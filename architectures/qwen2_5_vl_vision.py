@@ -38,7 +38,8 @@ from builder.hf_config import from_dict
 from builder.inputs.source import Checkpoint
 from builder.target import Target
 
-__all__ = ["TOWER_PREFIXES", "Qwen2_5_VLVisionConfig", "build", "parse_config", "vision_model"]
+__all__ = ["TOWER_PREFIXES", "Patches", "Qwen2_5_VLVisionConfig", "attention", "build", "parse_config", "patches",
+           "same_key_bias", "vision_model", "vision_rotary"]
 
 # The hub's layout, then transformers 5's module path.
 TOWER_PREFIXES = ("visual.", "model.visual.")
@@ -105,6 +106,38 @@ def parse_config(raw: dict[str, Any]) -> Qwen2_5_VLVisionConfig:
 
 
 @dataclass(frozen=True)
+class Patches:
+    """Each patch's place in its image, from the grid (int64, (N,) each): get_vision_position_ids'
+    layout, merge x merge groups in raster order and raster order within a group."""
+
+    index: ir.Value  # 0 … N − 1
+    frame: ir.Value  # its temporal patch
+    row: ir.Value
+    col: ir.Value
+    group_row: ir.Value  # its merge group's row and column
+    group_col: ir.Value
+    height: ir.Value  # the grid's h and w (scalars)
+    width: ir.Value
+
+
+def patches(g: Graph, pixels: ir.Value, grid: ir.Value, merge: int) -> Patches:
+    """Where each of the N patches of `pixels` (N, C·T·P·P) lies in the image of `grid` (1, 3)."""
+    i64 = lambda v: g.constant(v, np.int64)  # noqa: E731
+    t_h_w = g.op.Reshape(grid, i64([3]))  # (1, 3) -> (3,)
+    h, w = g.op.Gather(t_h_w, i64(1), axis=0), g.op.Gather(t_h_w, i64(2), axis=0)  # scalars
+    count = g.op.Squeeze(g.op.Shape(pixels, start=0, end=1), i64([0]))  # N
+    index = g.op.Range(i64(0), count, i64(1))  # (N,)
+    frame_size = g.op.Mul(h, w)
+    frame, place = g.op.Div(index, frame_size), g.op.Mod(index, frame_size)
+    group, within = g.op.Div(place, i64(merge * merge)), g.op.Mod(place, i64(merge * merge))
+    groups_wide = g.op.Div(w, i64(merge))
+    group_row, group_col = g.op.Div(group, groups_wide), g.op.Mod(group, groups_wide)
+    row = g.op.Add(g.op.Mul(group_row, i64(merge)), g.op.Div(within, i64(merge)))
+    col = g.op.Add(g.op.Mul(group_col, i64(merge)), g.op.Mod(within, i64(merge)))
+    return Patches(index, frame, row, col, group_row, group_col, h, w)
+
+
+@dataclass(frozen=True)
 class PatchLayout:
     """Per patch, from the grid: its rotary tables and the attention biases of the two block kinds."""
 
@@ -114,47 +147,34 @@ class PatchLayout:
 
 
 def patch_layout(g: Graph, pixels: ir.Value, grid: ir.Value, c: Qwen2_5_VLVisionConfig, target: Target) -> PatchLayout:
-    """Each patch's row and column (get_vision_position_ids: merge x merge groups in raster order,
-    raster order within a group), its frame and its window, for patches in the processor's order."""
-    i64 = lambda v: g.constant(v, np.int64)  # noqa: E731
-    m = c.spatial_merge_size
+    """The rotary tables, and which patches attend to which: the whole frame (full blocks) or the
+    patches of the same window (get_vision_window_index's windows of window_units merge groups)."""
     with g.scope("model", "visual", "patch_layout"):
-        t_h_w = g.op.Reshape(grid, i64([3]))  # (1, 3) -> (3,)
-        h, w = g.op.Gather(t_h_w, i64(1), axis=0), g.op.Gather(t_h_w, i64(2), axis=0)  # scalars
-        count = g.op.Squeeze(g.op.Shape(pixels, start=0, end=1), i64([0]))  # N
-        index = g.op.Range(i64(0), count, i64(1))  # (N,)
-        frame_size = g.op.Mul(h, w)
-        frame, place = g.op.Div(index, frame_size), g.op.Mod(index, frame_size)
-        group, within = g.op.Div(place, i64(m * m)), g.op.Mod(place, i64(m * m))
-        groups_wide = g.op.Div(w, i64(m))
-        group_row, group_col = g.op.Div(group, groups_wide), g.op.Mod(group, groups_wide)
-        row = g.op.Add(g.op.Mul(group_row, i64(m)), g.op.Div(within, i64(m)))  # (N,)
-        col = g.op.Add(g.op.Mul(group_col, i64(m)), g.op.Mod(within, i64(m)))  # (N,)
-        # A window: window_units x window_units merge groups of one frame; the key names it uniquely.
-        units = i64(c.window_units)
-        window = g.op.Add(g.op.Mul(g.op.Add(g.op.Mul(frame, h), g.op.Div(group_row, units)), w),
-                          g.op.Div(group_col, units))
-        rotary = _rotary(g, row, col, index, c, target)
-        return PatchLayout(rotary, _same(g, frame, target), _same(g, window, target))
+        p = patches(g, pixels, grid, c.spatial_merge_size)
+        units = g.constant(c.window_units, np.int64)
+        # A window's key, unique within the image: (frame, window row, window column).
+        window = g.op.Add(g.op.Mul(g.op.Add(g.op.Mul(p.frame, p.height), g.op.Div(p.group_row, units)), p.width),
+                          g.op.Div(p.group_col, units))
+        rotary = vision_rotary(g, p, c.head_dim, c.rope_theta, target)
+        return PatchLayout(rotary, same_key_bias(g, p.frame, target), same_key_bias(g, window, target))
 
 
-def _rotary(g: Graph, row: ir.Value, col: ir.Value, index: ir.Value, c: Qwen2_5_VLVisionConfig,
-            target: Target) -> MultimodalRotary:
-    """Qwen2_5_VLVisionRotaryEmbedding: head_dim / 4 frequencies (theta^(-2i / (head_dim / 2))),
-    the row's angles then the column's as the head's rotate_half pairs; per-patch (N, head_dim / 2)
-    tables read at each patch's own index."""
-    inv_freq = g.constant(default_inv_freq(c.rope_theta, c.head_dim // 2))  # (head_dim / 4,)
+def vision_rotary(g: Graph, p: Patches, head_dim: int, theta: float, target: Target) -> MultimodalRotary:
+    """Qwen2_5_VLVisionRotaryEmbedding (and Qwen3-VL's): head_dim / 4 frequencies
+    (theta^(-2i / (head_dim / 2))), the row's angles then the column's as the head's rotate_half
+    pairs; per-patch (N, head_dim / 2) tables read at each patch's own index."""
+    inv_freq = g.constant(default_inv_freq(theta, head_dim // 2))  # (head_dim / 4,)
     dtype = ir.DataType.from_numpy(np.dtype(target.io_dtype))
     with g.scope("rotary_pos_emb"):
-        angles = [g.op.Mul(g.op.Unsqueeze(g.op.Cast(p, to=ir.DataType.FLOAT), g.constant([1], np.int64)), inv_freq)
-                  for p in (row, col)]  # (N, 1) · (head_dim / 4,) -> (N, head_dim / 4)
+        angles = [g.op.Mul(g.op.Unsqueeze(g.op.Cast(x, to=ir.DataType.FLOAT), g.constant([1], np.int64)), inv_freq)
+                  for x in (p.row, p.col)]  # (N, 1) · (head_dim / 4,) -> (N, head_dim / 4)
         freqs = g.op.Concat(*angles, axis=-1)  # (N, head_dim / 2)
         cos, sin = (g.op.Cast(f(freqs), to=dtype) for f in (g.op.Cos, g.op.Sin))
-        places = g.op.Unsqueeze(index, g.constant([0], np.int64))  # (1, N)
-    return MultimodalRotary(cos, sin, c.head_dim, [places])
+        places = g.op.Unsqueeze(p.index, g.constant([0], np.int64))  # (1, N)
+    return MultimodalRotary(cos, sin, head_dim, [places])
 
 
-def _same(g: Graph, key: ir.Value, target: Target) -> ir.Value:
+def same_key_bias(g: Graph, key: ir.Value, target: Target) -> ir.Value:
     """(1, 1, N, N) attention bias: 0 where two patches share `key`, the dtype's lowest elsewhere."""
     dtype = np.dtype(target.io_dtype)
     same = g.op.Equal(g.op.Unsqueeze(key, g.constant([1], np.int64)), g.op.Unsqueeze(key, g.constant([0], np.int64)))
@@ -162,24 +182,30 @@ def _same(g: Graph, key: ir.Value, target: Target) -> ir.Value:
     return g.op.Unsqueeze(bias, g.constant([0, 1], np.int64))
 
 
+def attention(g: Graph, h: ir.Value, a: Weights, hidden: int, heads: int, rotary: MultimodalRotary, bias: ir.Value,
+              target: Target) -> ir.Value:
+    """Qwen2_5_VLVisionAttention (and Qwen3-VL's): fused qkv with bias, the 2-D rotary on q and k,
+    attention in both directions where `bias` allows, proj with bias."""
+    with g.scope("qkv"):
+        qkv = linear(g, h, a("qkv.weight", 3 * hidden, hidden), target, a("qkv.bias", 3 * hidden))  # (1, N, 3H)
+    q, k, v = g.op.Split(qkv, g.constant([hidden] * 3, np.int64), axis=-1, _outputs=3)  # q | k | v, heads within
+    with g.scope("q_rotary"):
+        q = rotary.rotate(g, q, heads, None, False)
+    with g.scope("k_rotary"):
+        k = rotary.rotate(g, k, heads, None, False)
+    h = g.ms.MultiHeadAttention(q, k, v, None, None, bias, num_heads=heads, scale=(hidden // heads) ** -0.5)
+    with g.scope("proj"):
+        return linear(g, h, a("proj.weight", hidden, hidden), target, a("proj.bias", hidden))
+
+
 def block(g: Graph, stream: ResidualStream, w: Weights, c: Qwen2_5_VLVisionConfig, rotary: MultimodalRotary,
           bias: ir.Value, target: Target) -> None:
     """Qwen2_5_VLVisionBlock.forward: x + attn(norm1(x)), then x + mlp(norm2(x))."""
-    H, I, D = c.hidden_size, c.intermediate_size, c.head_dim
+    H, I = c.hidden_size, c.intermediate_size
     with g.scope("norm1"):
         h = stream.norm(w("norm1.weight", H))
-    a = w.under("attn.")
     with g.scope("attn"):
-        with g.scope("qkv"):
-            qkv = linear(g, h, a("qkv.weight", 3 * H, H), target, a("qkv.bias", 3 * H))  # (1, N, 3H)
-        q, k, v = g.op.Split(qkv, g.constant([H, H, H], np.int64), axis=-1, _outputs=3)  # q | k | v, heads within
-        with g.scope("q_rotary"):
-            q = rotary.rotate(g, q, c.num_heads, None, False)
-        with g.scope("k_rotary"):
-            k = rotary.rotate(g, k, c.num_heads, None, False)
-        h = g.ms.MultiHeadAttention(q, k, v, None, None, bias, num_heads=c.num_heads, scale=D ** -0.5)
-        with g.scope("proj"):
-            stream.add(linear(g, h, a("proj.weight", H, H), target, a("proj.bias", H)))
+        stream.add(attention(g, h, w.under("attn."), H, c.num_heads, rotary, bias, target))
     with g.scope("norm2"):
         h = stream.norm(w("norm2.weight", H))
     m = w.under("mlp.")
