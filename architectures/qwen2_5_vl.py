@@ -30,7 +30,8 @@ from builder.family import Decoder, Family, register, rotary
 from builder.hf_config import text_config
 from builder.inputs.source import Checkpoint
 
-__all__ = ["FAMILY", "MROPE_DEFAULT", "TEXT_PREFIXES", "VARIANTS", "decoder_prefix", "decoder_prefix_of", "parse_config"]
+__all__ = ["FAMILY", "MROPE_DEFAULT", "TEXT_PREFIXES", "VARIANTS", "decoder_prefix", "decoder_prefix_of", "embed",
+           "final_norm", "mrope", "parse_config", "text_vocabulary", "vl_parser"]
 
 # Qwen2_5_VLTextConfig's defaults where they differ from Llama's.
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -50,24 +51,33 @@ MROPE_DEFAULT = [16, 24, 24]
 TEXT_PREFIXES = ("model.", "model.language_model.")
 
 
-def parse_config(family: Family, raw: dict[str, Any], architecture: str) -> LlamaConfig:
-    """The decoder's settings: config.json's `text_config` when it has one, else its top level
-    (the hub's flat form); `tie_word_embeddings` is the outer config's, or the text config's when
-    that sets it (transformers 5's Qwen2_5_VLConfig). The rotary type "mrope" is the default rotary
-    with its `mrope_section`, as transformers standardizes it."""
-    text = text_config(raw, "text_config") if "text_config" in raw else dict(raw)
-    text["tie_word_embeddings"] = bool(raw.get("tie_word_embeddings") or text.get("tie_word_embeddings"))
-    for key in ("rope_scaling", "rope_parameters"):
-        rope = text.get(key)
-        if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) == "mrope":
-            text[key] = {**{k: v for k, v in rope.items() if k != "type"}, "rope_type": "default"}
-    c = llama_parse(family, text, architecture)
-    sections = config_value("rope_parameters.mrope_section", c.rope_parameters.get("mrope_section", MROPE_DEFAULT),
-                            list[int])
-    if len(sections) != 3 or sum(sections) != c.head_dim // 2:
-        raise BuildError(f"rope_parameters.mrope_section {sections}: expected three sections (temporal, height, "
-                         f"width) summing to head_dim / 2 = {c.head_dim // 2}")
-    return dataclasses.replace(c, rope_parameters={**c.rope_parameters, "mrope_section": sections})
+def vl_parser(default_sections: list[int], interleaved: bool = False):
+    """The config parser of a Qwen-VL decoder: config.json's `text_config` when it has one, else
+    its top level (the hub's flat form); `tie_word_embeddings` is the outer config's, or the text
+    config's when that sets it (transformers 5's Qwen2_5_VLConfig, Qwen3VLConfig). The rotary type
+    "mrope" is the default rotary with its `mrope_section` (`default_sections` where it has none),
+    as transformers standardizes it; `interleaved` (Qwen3-VL) is the modeling file's layout."""
+
+    def parse_config(family: Family, raw: dict[str, Any], architecture: str) -> LlamaConfig:
+        text = text_config(raw, "text_config") if "text_config" in raw else dict(raw)
+        text["tie_word_embeddings"] = bool(raw.get("tie_word_embeddings") or text.get("tie_word_embeddings"))
+        for key in ("rope_scaling", "rope_parameters"):
+            rope = text.get(key)
+            if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) == "mrope":
+                text[key] = {**{k: v for k, v in rope.items() if k != "type"}, "rope_type": "default"}
+        c = llama_parse(family, text, architecture)
+        sections = config_value("rope_parameters.mrope_section",
+                                c.rope_parameters.get("mrope_section", default_sections), list[int])
+        if len(sections) != 3 or sum(sections) != c.head_dim // 2:
+            raise BuildError(f"rope_parameters.mrope_section {sections}: expected three sections (temporal, height, "
+                             f"width) summing to head_dim / 2 = {c.head_dim // 2}")
+        rope = {**c.rope_parameters, "mrope_section": sections, "mrope_interleaved": interleaved}
+        return dataclasses.replace(c, rope_parameters=rope)
+
+    return parse_config
+
+
+parse_config = vl_parser(MROPE_DEFAULT)
 
 
 def decoder_prefix_of(ckpt: Checkpoint) -> str:
@@ -82,12 +92,11 @@ def decoder_prefix(d: Decoder) -> str:
 def mrope(d: Decoder) -> Any:
     """M-RoPE tables from the position_ids genai sends (the package), else Qwen2's plain tables."""
     if d.io.position_ids is None:
-        return rotary(d)
+        return rotary(d)  # Rope.from_parameters reads no mrope_* key
     c = d.c
-    params = {k: v for k, v in c.rope_parameters.items() if k != "mrope_section"}
-    rope = Rope.from_parameters(params, c.head_dim, c.max_position_embeddings)
+    rope = Rope.from_parameters(c.rope_parameters, c.head_dim, c.max_position_embeddings)
     return multimodal_rotary(d.g, rope, c.max_position_embeddings, d.io.position_ids,
-                             c.rope_parameters["mrope_section"], d.target)
+                             c.rope_parameters["mrope_section"], d.target, c.rope_parameters["mrope_interleaved"])
 
 
 def text_vocabulary(d: Decoder):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -42,7 +43,7 @@ from builder.io import BATCH, SEQUENCE
 from builder.package import Package
 from builder.target import Target
 
-__all__ = ["embedding_model", "package"]
+__all__ = ["PROCESSOR_DEFAULTS", "TOKENS", "embedding_model", "has_vision", "package", "vl_package"]
 
 log = logging.getLogger("builder")
 
@@ -58,13 +59,30 @@ PROCESSOR_DEFAULTS = {"resample": 3, "rescale_factor": 1 / 255, "min_pixels": 56
 def package(raw: dict[str, Any], folder: Path, ckpt: Checkpoint, text: DecoderConfig, target: Target) -> Package | None:
     """The vision and embedding models of a Qwen2_5_VLForConditionalGeneration checkpoint, or None
     (and a note) when it carries no vision tower."""
-    if not any(p + "patch_embed.proj.weight" in ckpt for p in qwen2_5_vl_vision.TOWER_PREFIXES):
-        log.info("the checkpoint has no vision tower: building the text decoder only")
+    vc = qwen2_5_vl_vision.parse_config(raw) if has_vision(ckpt) else None
+    return vl_package(raw, folder, ckpt, text, target, vc, qwen2_5_vl_vision.vision_model, MODEL_TYPE,
+                      {"window_size": vc.window_size, "tokens_per_second": vc.tokens_per_second} if vc else {})
+
+
+def has_vision(ckpt: Checkpoint) -> bool:
+    if any(p + "patch_embed.proj.weight" in ckpt for p in qwen2_5_vl_vision.TOWER_PREFIXES):
+        return True
+    log.info("the checkpoint has no vision tower: building the text decoder only")
+    return False
+
+
+def vl_package(raw: dict[str, Any], folder: Path, ckpt: Checkpoint, text: DecoderConfig, target: Target, vc: Any,
+               vision_model: Callable, model_type: str, vision_fields: dict[str, Any]) -> Package | None:
+    """A Qwen-VL package (genai's `model_type`): the vision model `vision_model(ckpt, vc, target, g)`
+    of vision config `vc` (None: no tower, no package), whose features are `vc.features_width`
+    wide where that exceeds the decoder's width (Qwen3-VL's DeepStack), the embedding model and
+    the processor file."""
+    if vc is None:
         return None
-    vc = qwen2_5_vl_vision.parse_config(raw)
     if vc.out_hidden_size != text.hidden_size:
         raise BuildError(f"config.json: vision_config.out_hidden_size {vc.out_hidden_size} is not the text decoder's "
                          f"hidden_size {text.hidden_size}: the image features could not replace token embeddings")
+    width = getattr(vc, "features_width", text.hidden_size)
     tokens = {key: token_id(raw.get(key, default), key) for key, default in TOKENS.items()}
     tokens = {key: TOKENS[key] if value is None else value for key, value in tokens.items()}
     vision_dtype = np.dtype(np.float32) if target.io_dtype != np.float16 else target.io_dtype
@@ -74,36 +92,41 @@ def package(raw: dict[str, Any], folder: Path, ckpt: Checkpoint, text: DecoderCo
     vision, embedding = Graph(), Graph()
     return Package(
         models={
-            "vision": qwen2_5_vl_vision.vision_model(ckpt, vc, vision_target, vision),
-            "embedding": embedding_model(ckpt, text, tokens["image_token_id"], vision_dtype, target, embedding),
+            "vision": vision_model(ckpt, vc, vision_target, vision),
+            "embedding": embedding_model(ckpt, text, tokens["image_token_id"], vision_dtype, target, embedding, width),
         },
         sources={"vision": vision.sources, "embedding": embedding.sources},
-        processor=patched_processor(pre, "qwen2_5_image_processor", MODEL_TYPE, PROCESSOR_DEFAULTS, vc.patch_size,
-                                    vc.spatial_merge_size, vc.temporal_patch_size),
-        model_type=MODEL_TYPE,
+        processor=patched_processor(pre, f"{model_type}_image_processor", model_type, PROCESSOR_DEFAULTS,
+                                    vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size),
+        model_type=model_type,
         ignored=("visual.*", "model.visual.*"),
         model_fields=tokens,
-        vision_fields={"spatial_merge_size": vc.spatial_merge_size, "patch_size": vc.patch_size,
-                       "window_size": vc.window_size, "tokens_per_second": vc.tokens_per_second},
+        vision_fields={"spatial_merge_size": vc.spatial_merge_size, "patch_size": vc.patch_size, **vision_fields},
         vision_inputs={"pixel_values": "pixel_values", "image_grid_thw": "image_grid_thw"},
         position_ids=True,
+        embeds_width=width if width != text.hidden_size else None,
     )
 
 
 def embedding_model(ckpt: Checkpoint, c: DecoderConfig, image_token: int, features_dtype: np.dtype,
-                    target: Target, g: Graph | None = None) -> ir.Model:
-    """input_ids (batch, sequence) and image_features (tokens, hidden) in `features_dtype` ->
-    inputs_embeds (batch, sequence, hidden) in the target's IO dtype; recorded on `g`."""
-    H = c.hidden_size
+                    target: Target, g: Graph | None = None, width: int | None = None) -> ir.Model:
+    """input_ids (batch, sequence) and image_features (tokens, width) in `features_dtype` ->
+    inputs_embeds (batch, sequence, width) in the target's IO dtype; recorded on `g`. `width`
+    (default: the hidden size) beyond the hidden size: the token embeddings are followed by zeros,
+    the image tokens' rows are the whole feature rows (Qwen3-VL's DeepStack features beside them)."""
+    H = width or c.hidden_size
     g = g or Graph()
     ids = ir.Value(name="input_ids", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape((BATCH, SEQUENCE)))
     features = ir.Value(name="image_features", type=_type(features_dtype), shape=ir.Shape(("num_image_tokens", H)))
     embed = decoder_prefix_of(ckpt) + "embed_tokens.weight"
-    vocab = vocabulary(g, ckpt, target, (c.vocab_size, H), c.tie_word_embeddings, embed=embed)
+    vocab = vocabulary(g, ckpt, target, (c.vocab_size, c.hidden_size), c.tie_word_embeddings, embed=embed)
     is_image = g.op.Equal(ids, g.constant(image_token, np.int64))
     # An image token past the vocabulary is looked up as token 0, then replaced.
     lookup = g.op.Where(is_image, g.constant(0, np.int64), ids) if image_token >= c.vocab_size else ids
-    embeds = merge_image_features(g, ids, is_image, features, vocab.embed(g, lookup), H, target)
+    text = vocab.embed(g, lookup)  # (B, S, hidden)
+    if H != c.hidden_size:
+        text = g.op.Pad(text, g.constant([0, 0, 0, 0, 0, H - c.hidden_size], np.int64))  # -> (B, S, width), zeros
+    embeds = merge_image_features(g, ids, is_image, features, text, H, target)
     embeds.name, embeds.type = "inputs_embeds", _type(target.io_dtype)
     embeds.shape = ir.Shape((BATCH, SEQUENCE, H))
     return g.model([ids, features], [embeds])

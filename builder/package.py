@@ -24,7 +24,10 @@ class Package:
     `model_fields`: keys genai reads at model level (Qwen-VL's image_token_id, ...);
     `vision_fields`: keys of the vision section beyond filename, config file and session;
     `vision_inputs`: the vision model's inputs by genai's names; `position_ids`: the decoder
-    reads position ids (3, batch, sequence) that genai computes (Qwen-VL's M-RoPE)."""
+    reads position ids (3, batch, sequence) that genai computes (Qwen-VL's M-RoPE);
+    `embeds_width`: the width of inputs_embeds when it is not the decoder's hidden size (Qwen3-VL's
+    DeepStack features ride beside the embeddings; genai sizes its buffers by the decoder section's
+    hidden_size, which then says this width)."""
 
     models: dict[str, ir.Model]
     sources: dict[str, dict[str, tuple[str, ...]]]  # file stem -> initializer -> checkpoint tensors read
@@ -38,3 +41,4 @@ class Package:
     vision_fields: dict[str, Any] = field(default_factory=dict)
     vision_inputs: dict[str, str] = field(default_factory=lambda: {"pixel_values": "pixel_values"})
     position_ids: bool = False
+    embeds_width: int | None = None

@@ -126,7 +126,7 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     check_windowed_cache(info, options.windowed_kv_cache, options.search)
     windowed = info.sliding_window_layers if target.windowed_kv_cache else []
     io = DecoderIO.create(info.num_layers, info.num_kv_heads, info.head_size, target.io_dtype, windowed,
-                          embeds_width=info.hidden_size if package is not None else None,
+                          embeds_width=(package.embeds_width or info.hidden_size) if package is not None else None,
                           conv_layers=info.conv_layers, conv_state=info.conv_state,
                           recurrent_state=info.recurrent_state, stateless_layers=info.stateless_layers,
                           hybrid_layers=info.hybrid_layers, layer_kv_dims=info.layer_kv_dims,
@@ -169,6 +169,8 @@ def genai_json(p: Plan, options: BuildOptions) -> dict[str, Any]:
                           position_ids=k is not None and k.position_ids)
     if k is None:
         return config
+    if k.embeds_width:
+        config["model"]["decoder"]["hidden_size"] = k.embeds_width
     return with_vision(config, k.model_type, f"{k.vision_file}.onnx", k.processor_file, f"{k.embedding_file}.onnx",
                        k.model_fields, k.vision_fields, k.vision_inputs)
 
