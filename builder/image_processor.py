@@ -70,10 +70,12 @@ def patched_processor(pre: dict[str, Any], name: str, model_flag: str, defaults:
     `model_flag` (qwen2_5_vl, qwen3_vl) is Normalize's channel-order switch: it reads the pixels
     BGR, so ConvertRGB (which swaps the decoder's RGB) comes before it. The patch, merge and
     temporal sizes are the vision model's; a preprocessor_config.json that disagrees is refused."""
-    pre = {**defaults, **{k: v for k, v in pre.items() if v is not None}}
-    size = pre.get("size") or {}
-    min_pixels = pre.get("min_pixels", size.get("shortest_edge", defaults.get("min_pixels")))
-    max_pixels = pre.get("max_pixels", size.get("longest_edge", defaults.get("max_pixels")))
+    given = {k: v for k, v in pre.items() if v is not None}
+    size = given.get("size") if isinstance(given.get("size"), dict) else {}
+    # transformers' Qwen2VLImageProcessor: min_pixels / max_pixels override size's edges.
+    min_pixels = given.get("min_pixels", size.get("shortest_edge", defaults.get("min_pixels")))
+    max_pixels = given.get("max_pixels", size.get("longest_edge", defaults.get("max_pixels")))
+    pre = {**defaults, **given}
     for key, value in (("min_pixels", min_pixels), ("max_pixels", max_pixels)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise BuildError(f"preprocessor_config.json: {key} is {value!r}; expected a positive integer")
