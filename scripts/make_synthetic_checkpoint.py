@@ -86,6 +86,24 @@ QWEN2_5_VL_7B = {  # Qwen/Qwen2.5-VL-7B-Instruct's config.json (the hub's flat f
         "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2, "temporal_patch_size": 2,
     },
 }
+QWEN3_VL_8B = {  # Qwen/Qwen3-VL-8B-Instruct's config.json, from memory
+    "architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl", "image_token_id": 151655,
+    "video_token_id": 151656, "vision_start_token_id": 151652, "vision_end_token_id": 151653,
+    "tie_word_embeddings": False,
+    "text_config": {
+        "model_type": "qwen3_vl_text", "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+        "max_position_embeddings": 262144, "rms_norm_eps": 1e-6, "rope_theta": 5000000,
+        "rope_scaling": {"mrope_interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default"},
+        "bos_token_id": 151643, "eos_token_id": 151645, "tie_word_embeddings": False,
+    },
+    "vision_config": {
+        "model_type": "qwen3_vl", "depth": 27, "hidden_size": 1152, "intermediate_size": 4304, "num_heads": 16,
+        "out_hidden_size": 4096, "patch_size": 16, "num_position_embeddings": 2304,
+        "deepstack_visual_indexes": [8, 16, 24], "spatial_merge_size": 2, "temporal_patch_size": 2,
+        "hidden_act": "gelu_pytorch_tanh", "in_channels": 3,
+    },
+}
 PHI_4_MINI = {
     "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "vocab_size": 200064, "hidden_size": 3072,
     "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8,
@@ -564,6 +582,7 @@ PRESETS: dict[str, dict] = {
     "gemma-3-1b-it": GEMMA_3_1B_IT,
     "gemma-3-12b-it": GEMMA_3_12B_IT,
     "Qwen2.5-VL-7B-Instruct": QWEN2_5_VL_7B,
+    "Qwen3-VL-8B-Instruct": QWEN3_VL_8B,
     "Phi-4-mini": PHI_4_MINI,
     "aya-23-8B": AYA_23_8B,
     "c4ai-command-r7b-12-2024": COMMAND_R7B,
@@ -713,6 +732,35 @@ def qwen2_5_vl_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     yield from (("visual.merger.mlp.0." + k, s) for k, s in (("weight", (wide, wide)), ("bias", (wide,))))
     yield from (("visual.merger.mlp.2." + k, s) for k, s in (("weight", (v["out_hidden_size"], wide)),
                                                               ("bias", (v["out_hidden_size"],))))
+
+
+def qwen3_vl_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """The hub layout of Qwen3-VL: Qwen3's decoder under model.language_model.*, lm_head, and the
+    vision tower model.visual.* (patch embedding with bias, pos_embed, LayerNorm blocks with
+    linear_fc1/fc2, the merger and the DeepStack mergers)."""
+    text = dict(c["text_config"], model_type="qwen3", tie_word_embeddings=c.get("tie_word_embeddings"))
+    for name, shape in llama_tensors(text):
+        yield (name.replace("model.", "model.language_model.", 1) if name.startswith("model.") else name), shape
+    v = c["vision_config"]
+    H, I, m, P, T = v["hidden_size"], v["intermediate_size"], v["spatial_merge_size"], v["patch_size"], v["temporal_patch_size"]
+    p = "model.visual."
+    yield p + "patch_embed.proj.weight", (H, v["in_channels"], T, P, P)
+    yield p + "patch_embed.proj.bias", (H,)
+    yield p + "pos_embed.weight", (v["num_position_embeddings"], H)
+    linear = lambda name, out, inp: ((f"{name}.weight", (out, inp)), (f"{name}.bias", (out,)))  # noqa: E731
+    for i in range(v["depth"]):
+        b = f"{p}blocks.{i}."
+        yield from ((b + f"norm{n}.{k}", (H,)) for n in (1, 2) for k in ("weight", "bias"))
+        yield from ((b + name, shape) for name, shape in linear("attn.qkv", 3 * H, H))
+        yield from ((b + name, shape) for name, shape in linear("attn.proj", H, H))
+        yield from ((b + name, shape) for name, shape in linear("mlp.linear_fc1", I, H))
+        yield from ((b + name, shape) for name, shape in linear("mlp.linear_fc2", H, I))
+    wide = H * m * m
+    for merger, norm in [("merger.", H)] + [(f"deepstack_merger_list.{j}.", wide)
+                                            for j in range(len(v["deepstack_visual_indexes"]))]:
+        yield from ((p + merger + f"norm.{k}", (norm,)) for k in ("weight", "bias"))
+        yield from ((p + merger + name, shape) for name, shape in linear("linear_fc1", wide, wide))
+        yield from ((p + merger + name, shape) for name, shape in linear("linear_fc2", v["out_hidden_size"], wide))
 
 
 def phi3_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
@@ -1379,7 +1427,7 @@ TENSORS = {
     "granite": llama_tensors, "smollm3": llama_tensors, "seed_oss": llama_tensors, "ernie4_5": llama_tensors,
     "ministral": llama_tensors, "ministral3": llama_tensors,
     "gemma3_text": gemma3_text_tensors, "gemma3": gemma3_multimodal_tensors, "phi3": phi3_tensors,
-    "qwen2_5_vl": qwen2_5_vl_tensors,
+    "qwen2_5_vl": qwen2_5_vl_tensors, "qwen3_vl": qwen3_vl_tensors,
     "cohere": cohere_tensors, "cohere2": cohere_tensors, "glm": glm_tensors, "glm4": glm_tensors,
     "phi": gptstyle_tensors, "stablelm": gptstyle_tensors, "starcoder2": gptstyle_tensors, "nemotron": gptstyle_tensors,
     "olmo": olmo_tensors, "olmo2": olmo_tensors, "olmo3": olmo_tensors, "exaone4": olmo_tensors,
@@ -1492,7 +1540,11 @@ def shrunk(config: dict) -> dict:
         pairs = int(64 * text.get("partial_rotary_factor", 1.0)) // 2
         rope["short_factor"], rope["long_factor"] = [1.0] * pairs, [2.0] * pairs
     if "mrope_section" in rope:  # the sections of the 64-wide head's 32 frequencies, in the preset's proportions
-        rope["mrope_section"] = [8, 12, 12]
+        rope["mrope_section"] = [12, 10, 10] if rope.get("mrope_interleaved") else [8, 12, 12]
+    if c.get("model_type") == "qwen3_vl":  # three blocks, DeepStack from the first two, 2 heads of 16
+        c["vision_config"].update(depth=3, hidden_size=32, intermediate_size=64, num_heads=2,
+                                  deepstack_visual_indexes=[0, 1], out_hidden_size=text["hidden_size"])
+        return c
     if c.get("model_type") == "qwen2_5_vl":  # two blocks, a window one and a global one, 4 heads of 8
         c["vision_config"].update(depth=2, hidden_size=32, intermediate_size=64, num_heads=4, fullatt_block_indexes=[1],
                                   out_hidden_size=text["hidden_size"])
