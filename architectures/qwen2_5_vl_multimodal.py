@@ -65,10 +65,7 @@ def package(raw: dict[str, Any], folder: Path, ckpt: Checkpoint, text: DecoderCo
 
 
 def has_vision(ckpt: Checkpoint) -> bool:
-    if any(p + "patch_embed.proj.weight" in ckpt for p in qwen2_5_vl_vision.TOWER_PREFIXES):
-        return True
-    log.info("the checkpoint has no vision tower: building the text decoder only")
-    return False
+    return any(p + "patch_embed.proj.weight" in ckpt for p in qwen2_5_vl_vision.TOWER_PREFIXES)
 
 
 def vl_package(raw: dict[str, Any], folder: Path, ckpt: Checkpoint, text: DecoderConfig, target: Target, vc: Any,
@@ -78,6 +75,7 @@ def vl_package(raw: dict[str, Any], folder: Path, ckpt: Checkpoint, text: Decode
     wide where that exceeds the decoder's width (Qwen3-VL's DeepStack), the embedding model and
     the processor file."""
     if vc is None:
+        log.info("the checkpoint has no vision tower: building the text decoder only")
         return None
     if vc.out_hidden_size != text.hidden_size:
         raise BuildError(f"config.json: vision_config.out_hidden_size {vc.out_hidden_size} is not the text decoder's "
