@@ -177,8 +177,9 @@ def mlp(d: Decoder, h: ir.Value, m: Weights, i: int) -> ir.Value:
     return y
 
 
-def decoder_layer(d: Decoder, w: Weights, i: int):
-    """Qwen2Moe/Qwen3Moe/Mixtral/OlmoeDecoderLayer.forward: x + attn(norm(x)), then x + moe(norm(x))."""
+def decoder_layer(d: Decoder, w: Weights, i: int, mlp: Callable[[Decoder, ir.Value, Weights, int], ir.Value] = mlp):
+    """Qwen2Moe/Qwen3Moe/Mixtral/OlmoeDecoderLayer.forward: x + attn(norm(x)), then x + moe(norm(x));
+    `mlp(d, h, weights under the block, i)` (this module's by default: Qwen3-VL-MoE's reads stacked experts)."""
     c, D = d.c, d.c.head_dim
     a = w.under("self_attn.")
     attention = attention_weights(a, c, c.qkv_bias, c.attention_bias, a if c.qk_norm == "head" else None)

@@ -51,16 +51,18 @@ MROPE_DEFAULT = [16, 24, 24]
 TEXT_PREFIXES = ("model.", "model.language_model.")
 
 
-def vl_parser(default_sections: list[int], interleaved: bool = False):
+def vl_parser(default_sections: list[int], interleaved: bool = False, text_ties: bool = True):
     """The config parser of a Qwen-VL decoder: config.json's `text_config` when it has one, else
-    its top level (the hub's flat form); `tie_word_embeddings` is the outer config's, or the text
-    config's when that sets it (transformers 5's Qwen2_5_VLConfig, Qwen3VLConfig). The rotary type
-    "mrope" is the default rotary with its `mrope_section` (`default_sections` where it has none),
-    as transformers standardizes it; `interleaved` (Qwen3-VL) is the modeling file's layout."""
+    its top level (the hub's flat form); `tie_word_embeddings` is the outer config's (default
+    False), or with `text_ties` also the text config's when that sets it (Qwen2_5_VLConfig's
+    compatibility rule; Qwen3VLConfig reads the outer one only). The rotary type "mrope" is the
+    default rotary with its `mrope_section` (`default_sections` where it has none), as transformers
+    standardizes it; `interleaved` (Qwen3-VL) is the modeling file's layout."""
 
     def parse_config(family: Family, raw: dict[str, Any], architecture: str) -> LlamaConfig:
         text = text_config(raw, "text_config") if "text_config" in raw else dict(raw)
-        text["tie_word_embeddings"] = bool(raw.get("tie_word_embeddings") or text.get("tie_word_embeddings"))
+        outer = raw.get("tie_word_embeddings", False)
+        text["tie_word_embeddings"] = outer or (text_ties and text.get("tie_word_embeddings", False))
         for key in ("rope_scaling", "rope_parameters"):
             rope = text.get(key)
             if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) == "mrope":

@@ -233,3 +233,53 @@ def test_malformed_values_are_refused_in_one_line(source, tmp_path, capsys, key,
     assert main(["-m", str(folder), "-o", str(tmp_path / "out"), "-q"]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
+
+
+# Qwen3-VL-MoE: the same package, its decoder's MLP a sparse block of stacked experts (layer 1 dense).
+MOE_TEXT = dict(TEXT, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24, mlp_only_layers=[1])
+
+
+@pytest.fixture(scope="module")
+def moe_source(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("qwen3_vl_moe")
+    torch.manual_seed(0)
+    config = transformers.Qwen3VLMoeConfig(
+        text_config=MOE_TEXT, vision_config=VISION, image_token_id=IMAGE, video_token_id=IDS["<|video_pad|>"],
+        vision_start_token_id=IDS["<|vision_start|>"], vision_end_token_id=IDS["<|vision_end|>"])
+    config.text_config.bos_token_id, config.text_config.eos_token_id, config.text_config.pad_token_id = None, EOS, PAD
+    transformers.Qwen3VLMoeForConditionalGeneration(config).save_pretrained(folder)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [EOS], "pad_token_id": PAD}))
+    write_tokenizer(folder)
+    (folder / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR))
+    return folder
+
+
+def hub_expert_layout(source: Path, folder: Path) -> Path:
+    """`source` with its stacked experts as the hub stores them (x · W: [E, H, 2I], [E, I, H])."""
+    from safetensors.numpy import load_file, save_file
+
+    folder.mkdir()
+    for f in source.iterdir():
+        if f.suffix != ".safetensors":
+            (folder / f.name).write_bytes(f.read_bytes())
+    tensors = {k: v.transpose(0, 2, 1).copy() if ".experts." in k else v
+               for k, v in load_file(source / "model.safetensors").items()}
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+@pytest.mark.parametrize("layout", ["transformers", "hub"])
+def test_moe_package_matches_transformers(moe_source, image, tmp_path, layout):
+    source = moe_source if layout == "transformers" else hub_expert_layout(moe_source, tmp_path / "hub")
+    package = build(source, tmp_path / "out", "-p", "fp32")
+    reference = transformers.Qwen3VLMoeForConditionalGeneration.from_pretrained(source, dtype=torch.float32).eval()
+    _, inputs = genai_inputs(package, image)
+    ids, pixels, grid = arrays(inputs)
+    prefill, step, next_id, positions = transformers_logits(reference, ids, pixels, grid)
+    got_prefill, got_step = pipeline_logits(package, ids, pixels, grid, positions, next_id)
+    assert relative_error(got_prefill, prefill) < 1e-4 and relative_error(got_step, step) < 1e-4
+    if layout == "transformers":  # a prompt whose 16 greedy steps have no near-tie in this random model
+        inputs, got = genai_generate(package, image, "Look: <|vision_start|><|vision_end|>!")
+        ids, pixels, grid = arrays(inputs)
+        expected = transformers_generate(reference, ids, pixels, grid)
+        assert len(expected) == len(ids) + NEW_TOKENS and got[: len(expected)] == expected

@@ -63,14 +63,21 @@ def stacked(weights: Sequence[Weight], dtype: np.dtype) -> Weight:
     return Weight.stack([w.astype(dtype) for w in weights])
 
 
-def unstacked(stacked: Weight, start: int = 0, stop: int | None = None) -> list[Weight]:
+def unstacked(stacked: Weight, start: int = 0, stop: int | None = None, transposed: bool = False) -> list[Weight]:
     """A checkpoint's stacked [E, N, K] expert tensor as E lazy [stop − start, K] matrices (rows
     [start, stop) of each expert: Granite MoE's input_linear holds the gate rows, then the up rows);
-    each copies only its own expert's rows when written."""
+    each copies only its own expert's rows when written. `transposed`: the stack is [E, K, N]
+    (x · W, Qwen3-VL-MoE's hub layout): columns [start, stop) of each expert, transposed."""
     e, n, k = stacked.shape
+    if transposed:
+        n, k = k, n
     stop = n if stop is None else stop
 
     def one(x: int) -> Weight:
+        if transposed:  # (1, K, stop − start), a view; transposed when written
+            cols = stacked.slice(0, x, x + 1).slice(2, start, stop)
+            return Weight((stop - start, k), stacked.dtype, lambda _: cols.apply(lambda a: np.ascontiguousarray(a[0].T)),
+                          stacked.sources)
         rows = stacked.slice(0, x, x + 1).slice(1, start, stop)  # (1, stop − start, K), a view
         return Weight((stop - start, k), stacked.dtype, lambda _: rows.apply(lambda a: np.ascontiguousarray(a[0])),
                       stacked.sources)
