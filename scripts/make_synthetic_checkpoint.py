@@ -104,6 +104,16 @@ QWEN3_VL_8B = {  # Qwen/Qwen3-VL-8B-Instruct's config.json, from memory
         "hidden_act": "gelu_pytorch_tanh", "in_channels": 3,
     },
 }
+QWEN3_VL_30B_A3B = {  # Qwen/Qwen3-VL-30B-A3B-Instruct's config.json, from memory
+    **QWEN3_VL_8B, "architectures": ["Qwen3VLMoeForConditionalGeneration"], "model_type": "qwen3_vl_moe",
+    "text_config": {
+        **QWEN3_VL_8B["text_config"], "model_type": "qwen3_vl_moe_text", "hidden_size": 2048,
+        "intermediate_size": 6144, "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+        "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8, "decoder_sparse_step": 1,
+        "mlp_only_layers": [], "norm_topk_prob": True,
+    },
+    "vision_config": {**QWEN3_VL_8B["vision_config"], "out_hidden_size": 2048},
+}
 PHI_4_MINI = {
     "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "vocab_size": 200064, "hidden_size": 3072,
     "intermediate_size": 8192, "num_hidden_layers": 32, "num_attention_heads": 24, "num_key_value_heads": 8,
@@ -583,6 +593,7 @@ PRESETS: dict[str, dict] = {
     "gemma-3-12b-it": GEMMA_3_12B_IT,
     "Qwen2.5-VL-7B-Instruct": QWEN2_5_VL_7B,
     "Qwen3-VL-8B-Instruct": QWEN3_VL_8B,
+    "Qwen3-VL-30B-A3B-Instruct": QWEN3_VL_30B_A3B,
     "Phi-4-mini": PHI_4_MINI,
     "aya-23-8B": AYA_23_8B,
     "c4ai-command-r7b-12-2024": COMMAND_R7B,
@@ -739,8 +750,17 @@ def qwen3_vl_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     vision tower model.visual.* (patch embedding with bias, pos_embed, LayerNorm blocks with
     linear_fc1/fc2, the merger and the DeepStack mergers)."""
     text = dict(c["text_config"], model_type="qwen3", tie_word_embeddings=c.get("tie_word_embeddings"))
+    E, H = text.get("num_experts"), text["hidden_size"]
     for name, shape in llama_tensors(text):
-        yield (name.replace("model.", "model.language_model.", 1) if name.startswith("model.") else name), shape
+        name = name.replace("model.", "model.language_model.", 1) if name.startswith("model.") else name
+        if E and ".mlp." in name:  # Qwen3-VL-MoE: every layer's MLP a sparse block, experts stacked as x · W
+            if name.endswith("gate_proj.weight"):
+                p, I = name[: -len("gate_proj.weight")], text["moe_intermediate_size"]
+                yield p + "gate.weight", (E, H)
+                yield p + "experts.gate_up_proj", (E, H, 2 * I)
+                yield p + "experts.down_proj", (E, I, H)
+            continue
+        yield name, shape
     v = c["vision_config"]
     H, I, m, P, T = v["hidden_size"], v["intermediate_size"], v["spatial_merge_size"], v["patch_size"], v["temporal_patch_size"]
     p = "model.visual."
@@ -1427,7 +1447,7 @@ TENSORS = {
     "granite": llama_tensors, "smollm3": llama_tensors, "seed_oss": llama_tensors, "ernie4_5": llama_tensors,
     "ministral": llama_tensors, "ministral3": llama_tensors,
     "gemma3_text": gemma3_text_tensors, "gemma3": gemma3_multimodal_tensors, "phi3": phi3_tensors,
-    "qwen2_5_vl": qwen2_5_vl_tensors, "qwen3_vl": qwen3_vl_tensors,
+    "qwen2_5_vl": qwen2_5_vl_tensors, "qwen3_vl": qwen3_vl_tensors, "qwen3_vl_moe": qwen3_vl_tensors,
     "cohere": cohere_tensors, "cohere2": cohere_tensors, "glm": glm_tensors, "glm4": glm_tensors,
     "phi": gptstyle_tensors, "stablelm": gptstyle_tensors, "starcoder2": gptstyle_tensors, "nemotron": gptstyle_tensors,
     "olmo": olmo_tensors, "olmo2": olmo_tensors, "olmo3": olmo_tensors, "exaone4": olmo_tensors,
@@ -1541,7 +1561,7 @@ def shrunk(config: dict) -> dict:
         rope["short_factor"], rope["long_factor"] = [1.0] * pairs, [2.0] * pairs
     if "mrope_section" in rope:  # the sections of the 64-wide head's 32 frequencies, in the preset's proportions
         rope["mrope_section"] = [12, 10, 10] if rope.get("mrope_interleaved") else [8, 12, 12]
-    if c.get("model_type") == "qwen3_vl":  # three blocks, DeepStack from the first two, 2 heads of 16
+    if c.get("model_type") in ("qwen3_vl", "qwen3_vl_moe"):  # three blocks, DeepStack from the first two, 2 heads of 16
         c["vision_config"].update(depth=3, hidden_size=32, intermediate_size=64, num_heads=2,
                                   deepstack_visual_indexes=[0, 1], out_hidden_size=text["hidden_size"])
         return c
