@@ -284,7 +284,7 @@ def verify(options: BuildOptions, output: Path, folder: Path, quiet: bool = Fals
 
     def run(feed, past, total):
         feed = {**feed, "attention_mask": np.ones((1, total), np.int64)}
-        if "position_ids" in inputs:  # a provider whose rotary reads them (DirectML's), fed as genai does
+        if "position_ids" in inputs and "position_ids" not in feed:  # a provider's rotary (DirectML's), as genai
             new = next(iter(feed.values())).shape[1]
             feed["position_ids"] = np.arange(total - new, total, dtype=np.int64)[None]
         for i in range(decoder["num_hidden_layers"]):
@@ -305,7 +305,7 @@ def verify(options: BuildOptions, output: Path, folder: Path, quiet: bool = Fals
             nxt = int(ref.logits[0, -1].argmax())
             ref_step = model(input_ids=torch.tensor([[nxt]]), past_key_values=ref.past_key_values, use_cache=True)
         step_feed = embed(np.array([[nxt]], np.int64))
-        if "position_ids" in inputs:  # Qwen-VL's M-RoPE rows, as genai computes them; text: 0, 1, 2, ...
+        if len(shapes.get("position_ids", ())) == 3:  # Qwen-VL's M-RoPE rows, as genai computes them; text: 0, 1, …
             if positions is None:
                 positions = np.broadcast_to(np.arange(len(prompt_ids)), (3, 1, len(prompt_ids)))
             prefill_feed = {**prefill_feed, "position_ids": np.ascontiguousarray(positions, np.int64)}
