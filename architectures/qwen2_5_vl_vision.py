@@ -210,8 +210,9 @@ def block(g: Graph, stream: ResidualStream, w: Weights, c: Qwen2_5_VLVisionConfi
         h = stream.norm(w("norm2.weight", H))
     m = w.under("mlp.")
     with g.scope("mlp"):
+        biases = (m("gate_proj.bias", I), m("up_proj.bias", I), m("down_proj.bias", H))
         stream.add(gated_mlp(g, h, m("gate_proj.weight", I, H), m("up_proj.weight", I, H), m("down_proj.weight", H, I),
-                             c.hidden_act, target, (m("gate_proj.bias", I), m("up_proj.bias", I), m("down_proj.bias", H))))
+                             c.hidden_act, target, biases))
 
 
 def build(g: Graph, pixels: ir.Value, grid: ir.Value, ckpt: Checkpoint, c: Qwen2_5_VLVisionConfig,

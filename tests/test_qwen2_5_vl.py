@@ -296,6 +296,31 @@ def test_genai_second_image_of_another_size(package, reference, image, tmp_path)
     assert len(expected) > len(ids) + 5 and got[: len(expected)] == expected
 
 
+def test_genai_two_images_of_different_sizes_in_one_prompt(package, reference, image, tmp_path):
+    # genai's processor pads every image's patches to the largest's count (zero rows) and calls the
+    # vision model once per image, with that image's grid; transformers takes the real rows only.
+    import onnxruntime_genai as og
+
+    other = png(tmp_path / "other.png", 90, 120)
+    model = og.Model(str(package))
+    inputs = model.create_multimodal_processor()("x <|vision_start|><|vision_end|> y <|vision_start|><|vision_end|> z",
+                                                 images=og.Images.open(str(image), str(other)))
+    ids, pixels, grid = arrays(inputs)
+    counts = grid.prod(axis=1)
+    assert grid.tolist() == [[1, 12, 18], [1, 8, 6]] and ids.count(IMAGE) == counts.sum() // 4
+    stride = pixels.shape[0] // len(counts)
+    real = np.concatenate([pixels[i * stride: i * stride + n] for i, n in enumerate(counts)])
+    params = og.GeneratorParams(model)
+    params.set_search_options(do_sample=False, max_length=len(ids) + NEW_TOKENS)
+    generator = og.Generator(model, params)
+    generator.set_inputs(inputs)
+    while not generator.is_done():
+        generator.generate_next_token()
+    got = [int(t) for t in generator.get_sequence(0)]
+    expected = transformers_generate(reference, ids, real, grid)
+    assert len(expected) == len(ids) + NEW_TOKENS and got[: len(expected)] == expected
+
+
 def test_fp16_package_matches_transformers(source, reference, image, tmp_path):
     # Vision and decoder in fp16 with float32 residual streams: bound 1e-2 of the largest logit,
     # as the other fp16 tests.

@@ -17,7 +17,6 @@ from test_qwen2_5_vl import (
     IMAGE,
     NEW_TOKENS,
     PAD,
-    PROMPT,
     arrays,
     genai_generate,
     genai_inputs,
