@@ -40,7 +40,7 @@ def genai_config(
             "type": info.model_type,
             "vocab_size": info.vocab_size,
         },
-        "search": _search_section(info, generation, search),
+        "search": _search_section(info, generation, search, share_buffer=not target.standard_ops),
     }
 
 
@@ -127,7 +127,8 @@ def _declare_conv_state(decoder: dict[str, Any], info: DecoderInfo) -> None:
         decoder["outputs"]["present_recurrent_names"] = PRESENT_RECURRENT
 
 
-def _search_section(info: DecoderInfo, generation: dict[str, Any], search: dict[str, Any] | None) -> dict[str, Any]:
+def _search_section(info: DecoderInfo, generation: dict[str, Any], search: dict[str, Any] | None,
+                    share_buffer: bool = True) -> dict[str, Any]:
     """search: one beam, up to the context length, with the sampling settings of
     generation_config.json (SEARCH_DEFAULTS where it has none), then the build's own `search`."""
     sampling = {k: generation[k] if generation.get(k) is not None else v for k, v in SEARCH_DEFAULTS.items()}
@@ -140,8 +141,9 @@ def _search_section(info: DecoderInfo, generation: dict[str, Any], search: dict[
         "no_repeat_ngram_size": 0,
         "num_beams": 1,
         "num_return_sequences": 1,
-        # GroupQueryAttention reads and writes the KV cache in place in one max-length buffer.
-        "past_present_share_buffer": True,
+        # GroupQueryAttention reads and writes the KV cache in place in one max-length buffer;
+        # ONNX's Attention (a standard-ops model) returns past ‖ new, a buffer of its own.
+        "past_present_share_buffer": share_buffer,
         **sampling,
         **(search or {}),
     }

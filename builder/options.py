@@ -125,6 +125,9 @@ class BuildOptions:
     windowed_kv_cache: bool = option(False, bool, "sliding-window layers keep window-long ring-buffer KV "
                                      "caches: less memory, but onnxruntime-genai then needs max_length >= the "
                                      "window and batches of equal-length prompts (default: full-length caches)")
+    standard_ops: bool = option(False, bool, "only standard ONNX operators (opset 24: Attention with past/present KV, "
+                                "RotaryEmbedding, RMSNormalization, DequantizeLinear weights): the model any conforming "
+                                "runtime loads; cpu only, models with contrib-only parts (experts, linear attention) refused")
     text_only: bool = option(False, bool, "image-and-text models (Gemma 3 4b/12b/27b): build the text decoder "
                              "alone instead of the multimodal package (vision, embedding and decoder models)")
     cache_dir: str | None = option(None, str, "Hugging Face cache folder for downloads (default: huggingface_hub's, "
@@ -186,6 +189,16 @@ class BuildOptions:
                     raise OptionError(key, f"-e {provider.name} reads quantized weights only as symmetric "
                                            "DequantizeLinear + MatMul (QDQ)")
                 object.__setattr__(self, key, True)
+        if self.standard_ops:
+            if provider.name != "cpu":
+                raise OptionError("standard_ops", f"builds a provider-neutral model: use -e cpu, not -e {provider.name}")
+            if self.windowed_kv_cache:
+                raise OptionError("windowed_kv_cache", "--standard-ops keeps full-length caches (ONNX's Attention "
+                                                       "has no ring-buffer cache)")
+            if self.precision in QUANTIZED:
+                if self.qdq is False:
+                    raise OptionError("qdq", "--standard-ops stores quantized weights as DequantizeLinear + MatMul")
+                object.__setattr__(self, "qdq", True)
         if self.windowed_kv_cache and not provider.windowed_kv_cache:
             raise OptionError("windowed_kv_cache", f"-e {provider.name}: onnxruntime-genai keeps full-length caches "
                                                    "there (its attention has no ring-buffer window cache)")
@@ -236,6 +249,7 @@ class BuildOptions:
         return Target(
             io_dtype=_DTYPES[self.resolved_io_dtype], execution_provider=ep, quantization=quantization,
             windowed_kv_cache=self.windowed_kv_cache, context_length=self.context_length,
+            standard_ops=self.standard_ops,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -137,7 +137,9 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
         check_float_layers(target.quantization.float_layers, g.linears)
         check_float_layers(tuple(options.int8_layers), g.linears, "--int8-layers")
     inp.check_tokenizer()
-    model = g.model(io.inputs, io.outputs(logits, info.vocab_size, presents))
+    model = g.model(io.inputs, io.outputs(logits, info.vocab_size, presents), standard=target.standard_ops)
+    if target.standard_ops:
+        check_standard_ops(model, names[0])
     RemoveUnusedNodesPass()(model)
     TopologicalSortPass()(model)
 
@@ -145,12 +147,27 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     sources = dict(g.sources)
     estimates = {MODEL_STEM: estimate(model, _source_bytes(checkpoint, g.sources), g.members)}
     for stem, part in package.models.items() if package is not None else ():
+        if target.standard_ops:
+            check_standard_ops(part, f"{names[0]}'s {stem} model")
         RemoveUnusedNodesPass()(part)
         TopologicalSortPass()(part)
         sources.update({f"{stem}:{name}": srcs for name, srcs in package.sources[stem].items()})
         estimates[stem] = estimate(part, _source_bytes(checkpoint, package.sources[stem]))
     return Plan(folder, names[0], config, info, checkpoint, model, generation, combined(list(estimates.values())),
                 sources, inp, adapter, package, estimates)
+
+
+def check_standard_ops(model: ir.Model, architecture: str) -> None:
+    """Refuses, before anything is written, a --standard-ops model with a node ONNX does not define
+    (a com.microsoft operator, or one ONNX Runtime registers in the default domain) at the model's opset."""
+    import onnx.defs
+
+    opset = model.opset_imports[""]
+    for node in model.graph.all_nodes():
+        if node.domain not in ("", "ai.onnx") or not onnx.defs.has(node.op_type, opset, ""):
+            name = f"{node.domain}::{node.op_type}" if node.domain else node.op_type
+            raise BuildError(f"--standard-ops: {architecture} needs {name} ({node.name}), which is not a standard "
+                             f"ONNX operator (opset {opset}); build it without --standard-ops")
 
 
 def _source_bytes(checkpoint: Checkpoint, sources: dict[str, tuple[str, ...]]) -> dict[str, list[int]]:

@@ -125,6 +125,8 @@ class Target:
             the sequence. Off by default: onnxruntime-genai 0.18 with ONNX Runtime 1.31 cannot run
             such a cache for max_length below the window or for right-padded batches.
         context_length: positions to support instead of the model's max_position_embeddings.
+        standard_ops: only operators of the default ONNX domain (opset 24): RMSNormalization,
+            RotaryEmbedding and Attention with past and present KV, QDQ weights.
     """
 
     io_dtype: np.dtype
@@ -132,6 +134,7 @@ class Target:
     quantization: Quantization | None = None
     windowed_kv_cache: bool = False
     context_length: int | None = None
+    standard_ops: bool = False
 
     @property
     def provider(self) -> Provider:

@@ -143,7 +143,11 @@ def _reference_model(folder: Path, options: BuildOptions, quiet: bool = False):
     q = target.quantization
     if q is not None:
         with torch.no_grad():
-            _untie_float_lookup(model, q, target.provider.quantized_gather)
+            untied = _untie_float_lookup(model, q, target.provider.quantized_gather and not target.standard_ops)
+            if target.standard_ops and (untied or q.embeddings):  # its own 8-bit lookup (blocks/vocabulary.py)
+                table = model.get_input_embeddings().weight.numpy()
+                m = quantize(table, 8, q.block_size, q.symmetric, np.float32, q.method)
+                table[...] = dequantize(m, table.shape[1], 8)
             for name, module in model.named_modules():
                 if (not isinstance(module, torch.nn.Linear) or any(part in name for part in FLOAT_TOWERS)
                         or name.endswith(FLOAT_ROUTERS)):
@@ -163,7 +167,7 @@ def _reference_model(folder: Path, options: BuildOptions, quiet: bool = False):
     return model
 
 
-def _untie_float_lookup(model, q, quantized_gather: bool = True) -> None:
+def _untie_float_lookup(model, q, quantized_gather: bool = True) -> bool:
     """An int8 build's tied vocabulary keeps a float lookup table beside its 8-bit lm_head
     (builder/blocks/lm_head.py), as every build for a provider without GatherBlockQuantized does:
     rounding lm_head in place must not round the embedding that transformers ties to it. (An int4
@@ -171,8 +175,10 @@ def _untie_float_lookup(model, q, quantized_gather: bool = True) -> None:
     import torch
 
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
-    if (q.bits == 8 or not quantized_gather) and head is not None and embed.weight is head.weight:
+    untie = (q.bits == 8 or not quantized_gather) and head is not None and embed.weight is head.weight
+    if untie:
         embed.weight = torch.nn.Parameter(embed.weight.detach().clone(), requires_grad=False)
+    return untie
 
 
 def _round_stacked_experts(name: str, module, target, config) -> None:
