@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 from ._provider_kernels_data import KERNELS, PARSER_PROVIDERS, RANGES, SCHEMA_SINCE, TYPES
 
-__all__ = ["KERNELS", "RANGES", "TYPES", "PROVIDERS", "missing", "refusal"]
+__all__ = ["KERNELS", "RANGES", "TYPES", "PROVIDERS", "missing", "ops_of", "refusal"]
 
 PROVIDERS = tuple(KERNELS)
 _ONNX = ("", "ai.onnx")
@@ -46,6 +46,19 @@ def supported(domain: str, op_type: str, opset: int, provider: str) -> bool:
     if since is None:  # no schema history (contrib domains, parser providers): bound the opset itself
         return any(lo <= opset and (hi is None or opset <= hi) for lo, hi in ranges)
     return any(lo == since if hi is None else lo <= since <= hi for lo, hi in ranges)
+
+
+def ops_of(model) -> set[tuple[str, str, int]]:
+    """(domain, op_type, the model's opset for that domain) of every node of an onnx_ir Model (its
+    subgraphs included)."""
+    import onnx_ir.traversal
+
+    opsets = {("" if d == "ai.onnx" else d): v for d, v in model.graph.opset_imports.items()}
+    out = set()
+    for node in onnx_ir.traversal.RecursiveGraphIterator(model.graph):
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        out.add((domain, node.op_type, node.version or opsets.get(domain, 1)))
+    return out
 
 
 def missing(model_ops: Iterable[tuple[str, str, int]], provider: str) -> list[str]:

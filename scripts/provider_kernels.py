@@ -135,7 +135,8 @@ def _strip_comments(code: str) -> str:
 CLASS_NAME = re.compile(
     r"ONNX_OPERATOR_(VERSIONED_)?(TYPED_)?KERNEL_CLASS_NAME\(\s*kWebGpuExecutionProvider\s*,\s*(\w+)\s*,"
     r"\s*(\d+)\s*,\s*(?:(\d+)\s*,\s*)?(?:([\w:]+)\s*,\s*)?(\w+)\s*\)")
-CREATE_INFO = re.compile(r"KERNEL_CREATE_INFO(_VERSIONED)?(_TYPED)?\(\s*(\d+)\s*,\s*(?:(\d+)\s*,\s*)?(?:([\w:]+)\s*,\s*)?(\w+)\s*\)")
+CREATE_INFO = re.compile(
+    r"KERNEL_CREATE_INFO(_VERSIONED)?(_TYPED)?\(\s*(\d+)\s*,\s*(?:(\d+)\s*,\s*)?(?:([\w:]+)\s*,\s*)?(\w+)\s*\)")
 
 
 def _table(code: str) -> str:
@@ -168,7 +169,7 @@ def parse_webgpu(src: Source) -> dict[str, list]:
         # Kernels registered outside the table: CreateCastKernelInfo<6, 8>(...), and helpers whose
         # KernelDefBuilder chains name the op (RegisterRangeKernels, CreateGroupQueryAttentionKernelInfo).
         body = _strip_comments(code)
-        for m in re.finditer(r"Create(\w+)KernelInfo<\s*(\d+)\s*(?:,\s*(\d+)\s*)?>", body):
+        for m in re.finditer(r"Create(\w+?)(?:Versioned)?KernelInfo<\s*(\d+)\s*(?:,\s*(\d+)\s*)?>", body):
             add("kOnnxDomain", m[2], m[3], m[1], m[3] is not None)
     for folder in WEBGPU_DIRS:
         for rel in src.files(folder):
@@ -270,6 +271,7 @@ def summarize(ranges: dict[str, list]) -> dict[str, tuple[int, int | None]]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("ort", help="onnxruntime checkout or bare git directory")
+    ap.add_argument("--ort-origin", default="", help="where that tree came from, for the header")
     ap.add_argument("--rev", default="HEAD", help="revision to read from a git tree (default HEAD)")
     ap.add_argument("--onnx-tensorrt", help="onnx-tensorrt checkout, bare git dir, or its docs/operators.md")
     ap.add_argument("--onnx-tensorrt-origin", default="",
@@ -299,7 +301,9 @@ def main(argv=None) -> int:
         t = Source(args.onnx_tensorrt)
         trt_ranges, trt_types, opset_range, trt_version = parse_onnx_tensorrt(t.read("docs/operators.md"))
         types["trt-rtx"] = {k: sorted(v) for k, v in trt_types.items()}
-        trt_origin = f"{args.onnx_tensorrt_origin or args.onnx_tensorrt} (commit {t.commit()})"
+        trt_origin = args.onnx_tensorrt_origin or args.onnx_tensorrt
+        if t.git:
+            trt_origin += f" (commit {t.commit()})"
     if any("GroupQueryAttention and RotaryEmbedding plugins" in n for n in notes):
         # The EP loads an optional tensorrt_plugins library (next to the EP) whose TensorRT plugins
         # take com.microsoft GroupQueryAttention and RotaryEmbedding nodes.
@@ -320,7 +324,7 @@ def main(argv=None) -> int:
         "    python scripts/provider_kernels.py <onnxruntime checkout or git dir> --onnx-tensorrt <onnx-tensorrt> \\",
         "        [--cpu-from-installed]",
         "",
-        f"onnxruntime source: {args.ort} at {commit}",
+        f"onnxruntime source: {args.ort_origin or args.ort} at {commit}",
         f"ai.onnx schema versions (SCHEMA_SINCE): onnx {onnx_version} (onnx.defs)",
         "",
         "Where each provider's list came from:",
@@ -328,17 +332,21 @@ def main(argv=None) -> int:
         "",
         "trt-rtx (how sure): the NV TensorRT RTX EP registers no kernels. What the sources show:",
         *[f"  - {n}" for n in notes],
-        f"  The TensorRT-RTX parser is not public; its list here is onnx-tensorrt's (TensorRT {trt_version},",
-        f"  opsets {opset_range}), which TensorRT-RTX's parser derives from: MEDIUM confidence for ai.onnx ops",
-        "  (restrictions in operators.md, e.g. Attention without past_key/past_value, DequantizeLinear with",
-        "  zero x_zero_point, are not modelled). com.microsoft GroupQueryAttention and RotaryEmbedding: only",
-        "  through the optional tensorrt_plugins library: LOW-MEDIUM confidence. Any other com.microsoft op",
-        "  (MatMulNBits, SkipSimplifiedLayerNormalization, ...) is recorded missing: onnxruntime-genai's",
-        "  builder replaces the layer norms with primitive ops for trt-rtx (builders/expansions TRT_RTX).",
+        f"  The TensorRT-RTX parser is not public; its ai.onnx list here is onnx-tensorrt's (TensorRT {trt_version},",
+        f"  opsets {opset_range}), the parser TensorRT-RTX's derives from: MEDIUM confidence (operators.md's",
+        "  restrictions are not modelled: e.g. Attention without past_key/past_value/present outputs,",
+        "  DequantizeLinear / QuantizeLinear with zero zero_point, RotaryEmbedding with int64 position_ids).",
+        "  com.microsoft GroupQueryAttention and RotaryEmbedding: the EP loads an optional tensorrt_plugins",
+        "  library with those plugins (above), and onnxruntime-genai's builder emits GroupQueryAttention (packed",
+        "  QKV, rotary fused) for trt-rtx fp16/bf16 (src/python/py/models/builders/base.py is_gqa_supported,",
+        "  is_fused_rope_supported): MEDIUM confidence. Every other com.microsoft op (MatMulNBits,",
+        "  GatherBlockQuantized, SkipSimplifiedLayerNormalization, ...) is recorded missing: genai forces",
+        "  use_qdq (DequantizeLinear + MatMul) for NvTensorRtRtx (src/python/py/models/builder.py) and expands",
+        "  the layer norms into primitive ops (builders/expansions/trt_rtx.py).",
         "",
         "RANGES[provider][\"domain::Op\"]: the registered kernels' [start, end] opset ranges (end None: open,",
-        "'start+'). KERNELS: (lowest start, highest end or None). TYPES: tensor element types named by the",
-        "source (cpu/cuda/dml: OperatorKernels.md, all ranges together; trt-rtx: operators.md; webgpu: none).",
+        "'start+'). KERNELS: (lowest start, highest end or None). TYPES: the tensor element types each list's",
+        "source names for the op, all type parameters and ranges together (none for webgpu).",
         "PARSER_PROVIDERS: providers whose ranges bound the model's opset, not a schema since_version.",
     ]
     body = ['"""' + "\n".join(header).replace('"""', "'''") + '\n"""', "",

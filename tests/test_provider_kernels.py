@@ -36,7 +36,8 @@ def test_cpu_onnx_ops_at_model_opsets():
 
 
 def test_cuda():
-    for op in ("GroupQueryAttention", "MatMulNBits", "GatherBlockQuantized", "SkipSimplifiedLayerNormalization", "QMoE"):
+    for op in ("GroupQueryAttention", "MatMulNBits", "GatherBlockQuantized", "SkipSimplifiedLayerNormalization",
+               "QMoE"):
         assert has("cuda", MS, op), op
     assert has("cuda", "", "Attention", 23) and has("cuda", "", "RMSNormalization", 23)
     assert "bfloat16" in TYPES["cuda"]["ai.onnx::MatMul"]
@@ -91,3 +92,17 @@ def test_domain_forms_and_refusal():
     assert "\n" not in line and "com.microsoft::QMoE" in line and "dml" in line
     with pytest.raises(ValueError, match="unknown provider"):
         missing(ops, "tpu")
+
+
+def test_ops_of_an_onnx_ir_model():
+    import onnx_ir as ir
+
+    from builder.provider_kernels import ops_of
+
+    x = ir.Value(name="x", type=ir.TensorType(ir.DataType.FLOAT), shape=ir.Shape([2]))
+    n1 = ir.node("Relu", [x])
+    n2 = ir.node("QMoE", [n1.outputs[0]], domain=MS)
+    graph = ir.Graph([x], [n2.outputs[0]], nodes=[n1, n2], opset_imports={"": 21, MS: 1})
+    ops = ops_of(ir.Model(graph, ir_version=10))
+    assert ops == {("", "Relu", 21), (MS, "QMoE", 1)}
+    assert missing(ops, "dml") == ["com.microsoft::QMoE"] and missing(ops, "cpu") == []
