@@ -66,7 +66,8 @@ def test_trt_rtx():
     assert has("trt-rtx", "", "MatMul", 21) and has("trt-rtx", "", "RMSNormalization", 23)
     assert not has("trt-rtx", "", "MatMul", 26)  # past the parser's stated opset range
     assert not has("trt-rtx", "", "NonExistentOp", 21)
-    assert not has("trt-rtx", MS, "SkipSimplifiedLayerNormalization")
+    assert not has("trt-rtx", MS, "SkipSimplifiedLayerNormalization") and not has("trt-rtx", MS, "MatMulNBits")
+    assert has("trt-rtx", MS, "GroupQueryAttention") and has("trt-rtx", MS, "QMoE")
 
 
 def test_opset_versioning():
