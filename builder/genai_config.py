@@ -40,7 +40,9 @@ def genai_config(
             "type": info.model_type,
             "vocab_size": info.vocab_size,
         },
-        "search": _search_section(info, generation, search, share_buffer=not target.standard_ops),
+        # ONNX's Attention returns past ‖ new; an int8 cache is shared only on CUDA (as genai's builder)
+        "search": _search_section(info, generation, search, share_buffer=not target.standard_ops and (
+            target.kv_cache is None or target.execution_provider == "cuda")),
     }
 
 

@@ -62,6 +62,8 @@ class Graph:
         self.linears: dict[str, tuple[str, ...]] = {}
         # the decoder's position_ids input, where the provider has onnxruntime-genai feed one
         self.position_ids: ir.Value | None = None
+        # an int8 KV cache's scales: a layer's past key input -> (k_scale, v_scale) initializers
+        self.kv_scales: dict[ir.Value, tuple[ir.Value, ir.Value]] = {}
 
     @contextlib.contextmanager
     def scope(self, *parts: str) -> Iterator[None]:

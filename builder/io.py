@@ -56,6 +56,7 @@ class DecoderIO:
     slots: dict[int, int] = field(default_factory=dict)
     layer_kv_dims: dict[int, tuple[int, int]] = field(default_factory=dict)  # layer -> its own kv_dims
     position_ids: ir.Value | None = None  # int64 (batch, sequence), where the provider feeds positions
+    kv_dtype: np.dtype | None = None  # the KV cache's dtype where it is not the IO dtype (int8)
 
     def kv_dims_of(self, layer: int) -> tuple[int, int]:
         """(num_kv_heads, head_size) of `layer`'s KV: its own where it differs (Gemma 4's full layers)."""
@@ -67,6 +68,7 @@ class DecoderIO:
         embeds_width: int | None = None, conv_layers=(), conv_state: tuple[int, int] | None = None,
         recurrent_state: tuple[int, ...] | None = None, stateless_layers=(), hybrid_layers=(),
         layer_kv_dims: dict[int, tuple[int, int]] | None = None, position_ids: bool = False,
+        kv_dtype: np.dtype | None = None,
     ) -> DecoderIO:
         """`windowed_layers` keep a window-long KV ring buffer (see Target.windowed_kv_cache);
         `embeds_width` (the hidden size) makes the decoder read inputs_embeds instead of input_ids;
@@ -75,7 +77,8 @@ class DecoderIO:
         `stateless_layers` carry no state at all; `hybrid_layers` (conv layers too) read their KV
         cache before those states; `layer_kv_dims` (layer -> (num_kv_heads, head_size)) gives the
         layers whose KV is shaped apart (Gemma 4's full-attention layers); `position_ids` adds that
-        input (int64, batch by sequence), fed by onnxruntime-genai (the DirectML provider's rotary)."""
+        input (int64, batch by sequence), fed by onnxruntime-genai (the DirectML provider's rotary);
+        `kv_dtype` stores the KV cache in another dtype than the activations (an int8 cache)."""
         windowed, stateless = frozenset(windowed_layers), frozenset(stateless_layers)
         slots = {layer: n for n, layer in enumerate(i for i in range(num_layers) if i not in stateless)}
 
@@ -84,7 +87,7 @@ class DecoderIO:
         def kv(i: int, pattern: str) -> ir.Value:
             length = PAST_WINDOW if i in windowed else PAST
             heads, size = own.get(i, (num_kv_heads, head_size))
-            return _value(pattern % slots[i], io_dtype, (BATCH, heads, length, size))
+            return _value(pattern % slots[i], kv_dtype or io_dtype, (BATCH, heads, length, size))
 
         conv = {i: _value(PAST_CONV % slots[i], io_dtype, (BATCH, *conv_state)) for i in conv_layers}
         recurrent = {} if recurrent_state is None else {
@@ -107,6 +110,7 @@ class DecoderIO:
             slots=slots,
             layer_kv_dims=own,
             position_ids=_value("position_ids", np.int64, (BATCH, SEQUENCE)) if position_ids else None,
+            kv_dtype=None if kv_dtype is None else np.dtype(kv_dtype),
         )
 
     @property
@@ -130,7 +134,7 @@ class DecoderIO:
                 key, value, *present = present
                 for v, pattern in ((key, PRESENT_KEY), (value, PRESENT_VALUE)):
                     v.name = pattern % self.slots[i]
-                    v.type = ir.TensorType(ir.DataType.from_numpy(self.io_dtype))
+                    v.type = ir.TensorType(ir.DataType.from_numpy(self.kv_dtype or self.io_dtype))
                     v.shape = ir.Shape((BATCH, heads, TOTAL_WINDOW if i in self.windowed_layers else TOTAL, size))
             if i in self.conv:
                 self._name_conv_state(i, *present)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
 
@@ -26,6 +27,10 @@ from builder.inputs.lora import Adapter, with_adapter
 from builder.inputs.read import read_input
 from builder.inputs.source import Checkpoint, Source
 from builder.io import DecoderIO
+from builder.kv_cache import read_scales
+from builder.lazy import Weight
+from builder.provider_kernels import missing, ops_of
+from builder.providers import Provider
 from builder.options import BuildOptions
 from builder.output_folder import check_output
 from builder.preflight import (
@@ -63,6 +68,7 @@ class Plan:
     adapter: Adapter | None = None  # a LoRA adapter merged into the weights
     package: Any = None  # an image-and-text model's other models (architectures.PACKAGES), or None
     estimates: dict[str, Estimate] | None = None  # each model's own (file stem -> estimate)
+    target: Any = None  # the Target the model was built for (the options' with what the checkpoint decided)
 
     @property
     def parameters(self) -> int:
@@ -129,8 +135,11 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
                           conv_layers=info.conv_layers, conv_state=info.conv_state,
                           recurrent_state=info.recurrent_state, stateless_layers=info.stateless_layers,
                           hybrid_layers=info.hybrid_layers, layer_kv_dims=info.layer_kv_dims,
-                          position_ids=target.provider.position_ids)
+                          position_ids=target.provider.position_ids,
+                          kv_dtype=np.int8 if options.kv_cache != "float" else None)
     g.position_ids = io.position_ids
+    if options.kv_cache != "float":
+        target = _with_kv_scales(g, io, info, target, options)
     logits, presents = family.build(g, io, checkpoint, config, target)
     checkpoint.check_consumed(family.ignored if package is None else package.ignored)
     if target.quantization is not None:
@@ -140,6 +149,7 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     model = g.model(io.inputs, io.outputs(logits, info.vocab_size, presents), standard=target.standard_ops)
     if target.standard_ops:
         check_standard_ops(model, names[0])
+    check_provider_kernels(model, target.provider, names[0])
     RemoveUnusedNodesPass()(model)
     TopologicalSortPass()(model)
 
@@ -149,12 +159,43 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     for stem, part in package.models.items() if package is not None else ():
         if target.standard_ops:
             check_standard_ops(part, f"{names[0]}'s {stem} model")
+        check_provider_kernels(part, target.provider, f"{names[0]}'s {stem} model")
         RemoveUnusedNodesPass()(part)
         TopologicalSortPass()(part)
         sources.update({f"{stem}:{name}": srcs for name, srcs in package.sources[stem].items()})
         estimates[stem] = estimate(part, _source_bytes(checkpoint, package.sources[stem]))
     return Plan(folder, names[0], config, info, checkpoint, model, generation, combined(list(estimates.values())),
-                sources, inp, adapter, package, estimates)
+                sources, inp, adapter, package, estimates, target)
+
+
+def _with_kv_scales(g: Graph, io: DecoderIO, info: DecoderInfo, target, options: BuildOptions):
+    """The target with the int8 KV cache's scales, each layer's registered as the initializers
+    `model.layers.N.attn.k_scale` / `v_scale` (the reference's names) its GroupQueryAttention reads."""
+    if info.layer_kv_dims or info.stateless_layers:
+        raise BuildError(f"--kv-cache {options.kv_cache}: layers whose KV is shaped apart or shared (Gemma 4) "
+                         "are not supported; build with a float KV cache")
+    layers = [i for i, past in enumerate(io.past) if past is not None]
+    scales = read_scales(options.kv_cache_scales, options.kv_cache, layers, info.num_kv_heads, info.head_size)
+    for i in layers:
+        with g.scope("model", f"layers.{i}", "attn"):
+            g.kv_scales[io.past[i][0]] = (g.weight("k_scale", Weight.constant(scales.k_scales[i])),
+                                          g.weight("v_scale", Weight.constant(scales.v_scales[i])))
+    return dataclasses.replace(target, kv_cache=scales)
+
+
+def check_provider_kernels(model: ir.Model, provider: Provider, what: str) -> None:
+    """Nodes the provider has no ONNX Runtime kernel for (builder.provider_kernels): refused where the
+    provider needs every kernel (DirectML's captured graph), else a warning that ONNX Runtime runs
+    them on the CPU."""
+    if provider.name == "cpu":
+        return
+    gone = missing(ops_of(model), provider.name)
+    if not gone:
+        return
+    line = f"-e {provider.name}: ONNX Runtime's {provider.name} provider has no kernel for {', '.join(gone)}, which {what} uses"
+    if provider.needs_every_kernel:
+        raise BuildError(f"{line} (its captured graph cannot fall back to the CPU); build for another provider")
+    log.warning(f"warning: {line}; ONNX Runtime will run those nodes on the CPU")
 
 
 def check_standard_ops(model: ir.Model, architecture: str) -> None:
@@ -178,7 +219,8 @@ def _source_bytes(checkpoint: Checkpoint, sources: dict[str, tuple[str, ...]]) -
 
 def genai_json(p: Plan, options: BuildOptions) -> dict[str, Any]:
     """genai_config.json: the decoder's, or a multimodal package's pipeline."""
-    config = genai_config(p.info, options.target(), p.generation, options.search, inputs_embeds=p.package is not None)
+    config = genai_config(p.info, p.target or options.target(), p.generation, options.search,
+                          inputs_embeds=p.package is not None)
     if p.package is None:
         return config
     k = p.package

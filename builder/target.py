@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from builder.kv_cache import KVCacheQuantization
 from builder.providers import PROVIDERS, Provider
 
 
@@ -127,6 +128,7 @@ class Target:
         context_length: positions to support instead of the model's max_position_embeddings.
         standard_ops: only operators of the default ONNX domain (opset 24): RMSNormalization,
             RotaryEmbedding and Attention with past and present KV, QDQ weights.
+        kv_cache: an int8 KV cache's per-layer scales (builder.kv_cache), or None for a float cache.
     """
 
     io_dtype: np.dtype
@@ -135,6 +137,7 @@ class Target:
     windowed_kv_cache: bool = False
     context_length: int | None = None
     standard_ops: bool = False
+    kv_cache: KVCacheQuantization | None = None
 
     @property
     def provider(self) -> Provider:

@@ -285,6 +285,7 @@ def verify(options: BuildOptions, output: Path, folder: Path, quiet: bool = Fals
     # layer has it.
     inputs = {i.name for i in session.get_inputs()}
     shapes = {i.name: i.shape for i in session.get_inputs()}
+    kv_dtype = {"tensor(int8)": np.int8}.get(next((i.type for i in session.get_inputs() if i.name.startswith("past_key_values.")), ""), dtype)
     states = {i.name: [1 if isinstance(d, str) else d for d in i.shape] for i in session.get_inputs()
               if i.name.startswith("past.")}
 
@@ -302,7 +303,7 @@ def verify(options: BuildOptions, output: Path, folder: Path, quiet: bool = Fals
             for kind in ("key", "value"):
                 name = f"past_key_values.{i}.{kind}"
                 _, heads, _, size = shapes[name]  # the layer's own (Gemma 4's full layers differ)
-                feed[name] = past[f"present.{i}.{kind}"] if past else np.zeros((1, heads, cap, size), dtype)
+                feed[name] = past[f"present.{i}.{kind}"] if past else np.zeros((1, heads, cap, size), kv_dtype)
         return dict(zip(names, session.run(None, feed)))
 
     def compare(prompt_ids, extra, prefill_feed, prompt=""):
@@ -332,6 +333,8 @@ def _verdict(got: np.ndarray, want: np.ndarray, options: BuildOptions, prompt: s
     kind = options.precision if options.precision in TOLERANCE else "fp16"
     if options.precision in ("int4", "int8") and options.resolved_io_dtype == "fp16":
         kind = "int4"
+    if options.kv_cache != "float" and kind in ("fp32", "fp16"):  # the cache rounded to int8 (transformers' is not)
+        kind = "int8"
     min_cos, min_top1 = TOLERANCE[kind]
     return Verdict(diff, diff / float(np.abs(want).max()), cosine, top1, cosine >= min_cos and top1 >= min_top1,
                    prompt)

@@ -265,10 +265,14 @@ def group_query_attention(
             raise BuildError("--standard-ops: attention sinks (gpt-oss) have no form in ONNX's Attention; "
                              "build without --standard-ops")
         return standard_attention(g, qkv, past, lengths, spec, target, attention_bias)
-    # Inputs 9-11: position_ids (unused), attention_bias, head_sink.
-    extra = [None, attention_bias, None if sinks is None else g.weight("sinks", sinks.astype(target.io_dtype))]
+    # Inputs 9-13: position_ids (unused), attention_bias, head_sink, k_scale, v_scale (an int8 cache's).
+    scales = g.kv_scales.get(past[0])
+    extra = [None, attention_bias, None if sinks is None else g.weight("sinks", sinks.astype(target.io_dtype)),
+             *(scales or (None, None))]
     while extra and extra[-1] is None:
         extra.pop()
+    quantized = {} if scales is None else {"k_quant_type": target.kv_cache.quant_type,
+                                           "v_quant_type": target.kv_cache.quant_type, "kv_cache_bit_width": 8}
     return g.ms.GroupQueryAttention(
         *qkv, past[0], past[1], lengths.seqlens_k, lengths.total_sequence_length,
         *(rotary if rotary is not None else (None, None)),
@@ -283,6 +287,7 @@ def group_query_attention(
         sliding_window_cache=1 if spec.window and target.windowed_kv_cache else None,
         do_rotary=1 if rotary is not None else 0,
         rotary_interleaved=int(spec.rotary_interleaved) if rotary is not None else None,
+        **quantized,
     )
 
 
