@@ -6,9 +6,11 @@ one sentence: scripts/make_speech_wav.py)."""
 import json
 import sys
 import wave
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
@@ -53,10 +55,12 @@ def make_checkpoint(folder: Path) -> Path:
     torch.manual_seed(0)
     config = transformers.WhisperConfig(**CONFIG)
     model = transformers.WhisperForConditionalGeneration(config).eval()
-    with torch.no_grad():  # random weights large enough that the layers matter
+    with torch.no_grad():  # random weights large enough that greedy decoding varies (std 0.02: one token repeated)
         for name, p in model.named_parameters():
             if name.endswith("bias") or "layer_norm" in name:
                 p.normal_(0.0 if name.endswith("bias") else 1.0, 0.1)
+            elif p.dim() == 2 and name != "model.encoder.embed_positions.weight":  # that one: sinusoids
+                p.normal_(0.0, 0.2)
     model.save_pretrained(folder)
     transformers.WhisperFeatureExtractor(feature_size=80).save_pretrained(folder)
     write_tokenizer(folder)
@@ -117,6 +121,8 @@ def test_features_match_transformers_feature_extractor(package, source):
     got = inputs["audio_features"].as_numpy()
     expected = reference_features(source)
     assert got.shape == expected.shape == (1, 80, 3000)
+    # onnxruntime-extensions' STFT and mel filters in float32 against transformers' numpy: measured
+    # 4.6e-5 on this file, features in [-0.8, 1.2].
     assert np.abs(got - expected).max() < 1e-4
     assert inputs["input_ids"].as_numpy().tolist() == [PROMPT]
 
@@ -187,3 +193,102 @@ def test_decoder_logits_match_transformers(package, source):
     assert relative_error(got_prefill, prefill) < 1e-4
     assert relative_error(got_step, step) < 1e-4
     assert got_prefill[-1].argmax() == next_id
+
+
+def genai_greedy(folder, new_tokens=NEW_TOKENS):
+    import onnxruntime_genai as og
+
+    model, inputs = genai_inputs(folder)
+    params = og.GeneratorParams(model)
+    params.set_search_options(do_sample=False, max_length=len(PROMPT) + new_tokens)
+    generator = og.Generator(model, params)
+    generator.set_inputs(inputs)
+    while not generator.is_done():
+        generator.generate_next_token()
+    return [int(t) for t in generator.get_sequence(0)]
+
+
+def transformers_greedy(model, features, new_tokens=NEW_TOKENS):
+    """Plain greedy generate from the four prompt tokens: GenerationMixin.generate, not Whisper's
+    own generate (which adds language detection, timestamp rules and suppressed tokens), on the
+    checkpoint's generation config (no suppress_tokens, no forced ids)."""
+    out = transformers.GenerationMixin.generate(
+        model, input_features=torch.from_numpy(features), decoder_input_ids=torch.tensor([PROMPT]),
+        max_new_tokens=new_tokens, do_sample=False, num_beams=1, output_logits=True, return_dict_in_generate=True)
+    gaps = [float(torch.topk(step[0], 2).values.diff().abs()) for step in out.logits]
+    assert min(gaps) > 1e-3, "a near-tie: float32 rounding may pick either token"
+    return out.sequences[0].tolist()
+
+
+def test_genai_transcribes_the_wav_as_transformers_generates(package, source):
+    # genai's own features (equal to transformers' within 4.6e-5) into its encoder, then greedy decoding.
+    expected = transformers_greedy(transformers_model(source), reference_features(source))
+    got = genai_greedy(package)
+    assert got == expected
+    assert len(set(got[len(PROMPT):])) > 3  # a sequence that varies, not one token repeated
+
+
+def test_fp16_package_matches_transformers(source, tmp_path):
+    # Encoder and decoder in fp16 with float32 residual streams: weights and activations rounded
+    # to 2^-11 relative; bound 1e-2 of the largest logit, as the other fp16 tests.
+    out = build(source, tmp_path / "fp16", "-p", "fp16")
+    features = reference_features(source)
+    model = transformers_model(source)
+    hidden, _ = reference_encoder(model, features)
+    encoded = run_encoder(out, features, np.float16)
+    assert encoded["encoder_hidden_states"].dtype == np.float16
+    assert relative_error(encoded["encoder_hidden_states"].astype(np.float32), hidden) < 1e-2
+    prefill, step, next_id = reference_logits(model, features, PROMPT)
+    got_prefill, got_step = decoder_logits(out, encoded, PROMPT, next_id, np.float16)
+    assert relative_error(got_prefill, prefill) < 1e-2
+    assert relative_error(got_step, step) < 1e-2
+
+
+def fake_quantize_decoder(model, block_size=32):
+    """Rounds the decoder's linear layers and proj_out (tied: the token embedding too) as the int4
+    build does (symmetric RTN through ONNX Runtime's quantizer); the encoder, and the cross
+    attention's k_proj and v_proj it computes, stay float."""
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            in_encoder = name.startswith("model.encoder.") or name.endswith(("encoder_attn.k_proj", "encoder_attn.v_proj"))
+            if isinstance(module, torch.nn.Linear) and not in_encoder:
+                module.weight.copy_(fake_quantize(module.weight, 4, block_size, True))
+
+
+def test_int4_decoder_matches_fake_quantized_transformers(source, tmp_path):
+    # accuracy_level 0: MatMulNBits computes in float32, so the logits equal transformers' on the
+    # same rounded weights to float32 precision.
+    out = build(source, tmp_path / "int4", "-p", "int4", "--quant-method", "rtn", "--symmetric",
+                "--block-size", "32", "--accuracy-level", "0")
+    ops = {n: Counter(node.op_type for node in onnx.load(out / f"{n}.onnx", load_external_data=False).graph.node)
+           for n in ("encoder", "model")}
+    # per layer: self_attn q, k, v, out, encoder_attn q, out, fc1, fc2; then proj_out, whose 4-bit
+    # matrix the token lookup gathers from (tied)
+    assert ops["model"]["MatMulNBits"] == 2 * 8 + 1 and ops["model"]["GatherBlockQuantized"] == 1
+    assert ops["encoder"]["MatMulNBits"] == 0
+    features = reference_features(source)
+    model = transformers_model(source)
+    fake_quantize_decoder(model)
+    encoded = run_encoder(out, features)
+    hidden, cross = reference_encoder(model, features)
+    assert relative_error(encoded["encoder_hidden_states"], hidden) < 1e-4  # the encoder is not quantized
+    prefill, step, next_id = reference_logits(model, features, PROMPT)
+    got_prefill, got_step = decoder_logits(out, encoded, PROMPT, next_id)
+    assert relative_error(got_prefill, prefill) < 1e-4
+    assert relative_error(got_step, step) < 1e-4
+    assert got_prefill[-1].argmax() == next_id
+
+
+def test_overwrite_replaces_a_whisper_build(source, package, tmp_path):
+    # The encoder and audio_processor_config.json are a build's own files: --overwrite replaces them.
+    out = build(source, tmp_path / "again", "-p", "fp32")
+    assert build(source, out, "-p", "fp32", "--overwrite") == out
+
+
+def test_text_only_is_refused_in_one_line(source, tmp_path, capsys):
+    from builder.cli import main
+
+    rc = main(["-m", str(source), "-o", str(tmp_path / "text"), "--text-only"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "encoder" in err, err
+    assert not (tmp_path / "text").exists()
