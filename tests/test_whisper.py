@@ -292,3 +292,25 @@ def test_text_only_is_refused_in_one_line(source, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "encoder" in err, err
     assert not (tmp_path / "text").exists()
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"feature_size": 128}, "feature_size"),  # not the model's num_mel_bins
+    ({"sampling_rate": 8000}, "sampling_rate"),
+    ({"n_fft": "400"}, "n_fft"),
+    ({"hop_length": 0}, "hop_length"),
+    ({"padding_value": 1.0}, "padding_value"),
+])
+def test_preprocessor_values_onnxruntime_extensions_cannot_follow_are_refused(source, tmp_path, capsys, change, key):
+    import shutil
+
+    from builder.cli import main
+
+    copy = shutil.copytree(source, tmp_path / "src")
+    pre = json.loads((copy / "preprocessor_config.json").read_text())
+    (copy / "preprocessor_config.json").write_text(json.dumps({**pre, **change}))
+    capsys.readouterr()
+    rc = main(["-m", str(copy), "-o", str(tmp_path / "out"), "-q"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and key in err, err
+    assert not (tmp_path / "out").exists()
