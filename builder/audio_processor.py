@@ -15,16 +15,16 @@ from builder.errors import BuildError
 
 AUDIO_PROCESSOR_FILE = "audio_processor_config.json"  # onnxruntime-genai's default speech.config_filename
 
-# WhisperFeatureExtractor's defaults for the keys preprocessor_config.json leaves out.
-DEFAULTS = {"feature_size": 80, "sampling_rate": 16_000, "hop_length": 160, "chunk_length": 30, "n_fft": 400,
-            "padding_value": 0.0}
+# WhisperFeatureExtractor's defaults for the keys preprocessor_config.json leaves out (its
+# feature_size: the model's num_mel_bins, as a checkpoint without the file can only mean).
+DEFAULTS = {"sampling_rate": 16_000, "hop_length": 160, "chunk_length": 30, "n_fft": 400, "padding_value": 0.0}
 
 
 def whisper_processor(pre: dict[str, Any], num_mel_bins: int) -> dict[str, Any]:
     """The processor JSON for log-mel features of `num_mel_bins` bins; `pre` is
     preprocessor_config.json ({} without one). Refuses, naming the key, what onnxruntime-extensions
     cannot compute the same way."""
-    pre = {**DEFAULTS, **{k: v for k, v in pre.items() if v is not None}}
+    pre = {**DEFAULTS, "feature_size": num_mel_bins, **{k: v for k, v in pre.items() if v is not None}}
     if pre["feature_size"] != num_mel_bins:
         raise BuildError(f"preprocessor_config.json: feature_size {pre['feature_size']} is not the model's "
                          f"num_mel_bins {num_mel_bins}")

@@ -314,3 +314,13 @@ def test_preprocessor_values_onnxruntime_extensions_cannot_follow_are_refused(so
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and key in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_verify_refuses_whisper_in_one_line_after_writing(source, tmp_path, capsys):
+    from builder.cli import main
+
+    capsys.readouterr()
+    rc = main(["-m", str(source), "-o", str(tmp_path / "v"), "-q", "-p", "fp32", "--verify"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "Whisper" in err, err
+    assert (tmp_path / "v" / "encoder.onnx").is_file()
