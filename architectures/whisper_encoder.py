@@ -13,11 +13,10 @@ decoder's `past_key_cross_%d` / `past_value_cross_%d` (src/models/whisper.cpp: C
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import onnx_ir as ir
 
+from architectures.whisper_config import FRAMES, WhisperConfig
 from builder.architecture import Weights
 from builder.blocks import ResidualStream, linear, plain_mlp
 from builder.graph import Graph
@@ -25,15 +24,9 @@ from builder.inputs.source import Checkpoint
 from builder.io import BATCH
 from builder.target import Target
 
-if TYPE_CHECKING:
-    from architectures.whisper import WhisperConfig
-
 __all__ = ["AUDIO_FEATURES", "CROSS_KEY", "CROSS_VALUE", "ENCODER_HIDDEN_STATES", "FRAMES", "encoder_model",
            "projection"]
 
-# onnxruntime-genai 0.18 always feeds 3000 frames (30 s of 10 ms hops) and sizes the encoder's
-# output for 1500 (src/models/whisper.h: num_frames_).
-FRAMES = 3000
 AUDIO_FEATURES, ENCODER_HIDDEN_STATES = "audio_features", "encoder_hidden_states"
 CROSS_KEY, CROSS_VALUE = "present_key_cross_%d", "present_value_cross_%d"
 LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which every Whisper norm uses
