@@ -29,7 +29,6 @@ vocabulary); the encoder, and the cross keys and values it computes, stay in flo
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,7 @@ import onnx_ir as ir
 
 from architectures import whisper_encoder
 from architectures.whisper_config import MODEL_TYPE, WhisperConfig
-from architectures.whisper_encoder import LAYER_NORM_EPS, projection, split_heads
+from architectures.whisper_encoder import LAYER_NORM_EPS, projection
 from builder.architecture import Weights, vocabulary
 from builder.audio_processor import AUDIO_PROCESSOR_FILE, whisper_processor
 from builder.blocks import ResidualStream, plain_mlp
@@ -50,8 +49,6 @@ from builder.hf_config import from_dict, read_json
 from builder.inputs.source import Checkpoint
 from builder.io import BATCH, PAST, SEQUENCE, TOTAL, logits_dtype
 from builder.target import Target
-
-log = logging.getLogger("builder")
 
 ENCODER_FILE = "encoder"
 PAST_KEY, PAST_VALUE = "past_key_self_%d", "past_value_self_%d"
@@ -213,11 +210,12 @@ def package(raw: dict[str, Any], folder: Path, ckpt: Checkpoint, c: WhisperConfi
                    sources={ENCODER_FILE: g.sources}, processor=whisper_processor(pre, c.num_mel_bins), config=c)
 
 
-def _refuse_alone(d: Any) -> None:
-    raise BuildError("Whisper's decoder needs its encoder: it is built only as the whole package")
+def _no_shared_body(*_: Any) -> None:
+    """Family's layer hook, for the shared decoder body, which Whisper's decoder (Family.decoder) replaces."""
+    raise BuildError("Whisper's decoder is built by architectures/whisper.py's decoder_model, not the shared body")
 
 
 FAMILY = register(Family(
-    "whisper", WhisperConfig, _refuse_alone, {"WhisperForConditionalGeneration": {}},
+    "whisper", WhisperConfig, _no_shared_body, {"WhisperForConditionalGeneration": {}},
     package={"WhisperForConditionalGeneration": "whisper"}, parser=parse_config, decoder=decoder_model,
 ))
