@@ -38,7 +38,7 @@ import onnx_ir as ir
 
 from architectures import whisper_encoder
 from architectures.whisper_config import MODEL_TYPE, WhisperConfig
-from architectures.whisper_encoder import LAYER_NORM_EPS, projection
+from architectures.whisper_encoder import LAYER_NORM_EPS, projection, queries_keys_values
 from builder.architecture import Weights, vocabulary
 from builder.audio_processor import AUDIO_PROCESSOR_FILE, whisper_processor
 from builder.blocks import ResidualStream, plain_mlp
@@ -70,7 +70,7 @@ class WhisperIO:
 
     @classmethod
     def create(cls, c: WhisperConfig, dtype: np.dtype) -> WhisperIO:
-        heads, size = c.decoder_attention_heads, c.head_dim
+        heads, size, frames = c.decoder_attention_heads, c.head_dim, c.max_source_positions
 
         def cache(pattern: str, i: int, length: str | int) -> ir.Value:
             return _value(pattern % i, dtype, (BATCH, heads, length, size))
@@ -78,7 +78,7 @@ class WhisperIO:
         return cls(
             input_ids=_value("input_ids", np.int32, (BATCH, SEQUENCE)),
             past=[(cache(PAST_KEY, i, PAST), cache(PAST_VALUE, i, PAST)) for i in range(c.decoder_layers)],
-            cross=[(cache(CROSS_PAST_KEY, i, c.max_source_positions), cache(CROSS_PAST_VALUE, i, c.max_source_positions))
+            cross=[(cache(CROSS_PAST_KEY, i, frames), cache(CROSS_PAST_VALUE, i, frames))
                    for i in range(c.decoder_layers)],
         )
 
@@ -112,7 +112,7 @@ def decoder_layer(g: Graph, stream: ResidualStream, w: Weights, io: WhisperIO, i
         h = stream.norm(w("self_attn_layer_norm.weight", d), w("self_attn_layer_norm.bias", d))
     a = w.under("self_attn.")
     with g.scope("self_attn"):
-        q, k, v = (projection(g, h, a, name, d, target, bias=name != "k_proj") for name in ("q_proj", "k_proj", "v_proj"))
+        q, k, v = queries_keys_values(g, h, a, d, target)
         # Inputs 3-5 (bias, key_padding_mask, attention_bias) unused; the new keys and values are
         # appended to the past, the output masked causally from the past length on.
         h, key, value = g.ms.MultiHeadAttention(q, k, v, None, None, None, *io.past[i], _outputs=3,
@@ -134,7 +134,8 @@ def decoder_layer(g: Graph, stream: ResidualStream, w: Weights, io: WhisperIO, i
     return key, value
 
 
-def decoder_model(g: Graph, ckpt: Checkpoint, c: WhisperConfig, target: Target) -> tuple[list[ir.Value], list[ir.Value]]:
+def decoder_model(g: Graph, ckpt: Checkpoint, c: WhisperConfig,
+                  target: Target) -> tuple[list[ir.Value], list[ir.Value]]:
     """The text decoder recorded on `g`: returns its graph inputs and outputs (Family.decoder)."""
     io = WhisperIO.create(c, target.io_dtype)
     d, dtype = c.d_model, target.io_dtype

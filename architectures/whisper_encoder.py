@@ -25,7 +25,7 @@ from builder.io import BATCH
 from builder.target import Target
 
 __all__ = ["AUDIO_FEATURES", "CROSS_KEY", "CROSS_VALUE", "ENCODER_HIDDEN_STATES", "FRAMES", "encoder_model",
-           "projection"]
+           "projection", "queries_keys_values"]
 
 AUDIO_FEATURES, ENCODER_HIDDEN_STATES = "audio_features", "encoder_hidden_states"
 CROSS_KEY, CROSS_VALUE = "present_key_cross_%d", "present_value_cross_%d"
@@ -36,6 +36,11 @@ def projection(g: Graph, x: ir.Value, w: Weights, name: str, d: int, target: Tar
     """One of WhisperAttention's d x d projections (k_proj has no bias)."""
     with g.scope(name):
         return linear(g, x, w(f"{name}.weight", d, d), target, w(f"{name}.bias", d) if bias else None)
+
+
+def queries_keys_values(g: Graph, h: ir.Value, a: Weights, d: int, target: Target) -> list[ir.Value]:
+    """WhisperAttention's q_proj, k_proj (no bias) and v_proj of `h`, each (B, T, d)."""
+    return [projection(g, h, a, name, d, target, bias=name != "k_proj") for name in ("q_proj", "k_proj", "v_proj")]
 
 
 def split_heads(g: Graph, x: ir.Value, heads: int, head_dim: int) -> ir.Value:
@@ -51,7 +56,7 @@ def encoder_layer(g: Graph, stream: ResidualStream, w: Weights, c: WhisperConfig
         h = stream.norm(w("self_attn_layer_norm.weight", d), w("self_attn_layer_norm.bias", d))
     a = w.under("self_attn.")
     with g.scope("self_attn"):
-        q, k, v = (projection(g, h, a, name, d, target, bias=name != "k_proj") for name in ("q_proj", "k_proj", "v_proj"))
+        q, k, v = queries_keys_values(g, h, a, d, target)
         # Every frame attends to every frame (no mask); scaling q by 1/√head_dim, as WhisperAttention does.
         h = g.ms.MultiHeadAttention(q, k, v, num_heads=c.encoder_attention_heads, scale=c.encoder_head_dim ** -0.5)
         stream.add(projection(g, h, a, "out_proj", d, target))

@@ -304,7 +304,8 @@ def fake_quantize_decoder(model, block_size=32):
     attention's k_proj and v_proj it computes, stay float."""
     with torch.no_grad():
         for name, module in model.named_modules():
-            in_encoder = name.startswith("model.encoder.") or name.endswith(("encoder_attn.k_proj", "encoder_attn.v_proj"))
+            in_encoder = name.startswith("model.encoder.") or name.endswith(("encoder_attn.k_proj",
+                                                                             "encoder_attn.v_proj"))
             if isinstance(module, torch.nn.Linear) and not in_encoder:
                 module.weight.copy_(fake_quantize(module.weight, 4, block_size, True))
 
