@@ -35,6 +35,7 @@ from architectures import gemma3_vision
 from architectures.gemma import GemmaConfig, text_vocabulary
 from builder.config_checks import token_id
 from builder.errors import BuildError
+from builder.genai_config import with_vision
 from builder.graph import Graph
 from builder.hf_config import read_json
 from builder.image_processor import PROCESSOR_FILE, extensions_processor
@@ -69,6 +70,11 @@ class Package:
     embedding_file: str = EMBEDDING_FILE
     processor_file: str = PROCESSOR_FILE
     ignored: tuple[str, ...] = IGNORED
+
+    def genai_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """`config` (the decoder's, reading inputs_embeds) with the vision and embedding models."""
+        return with_vision(config, self.model_type, f"{self.vision_file}.onnx", self.processor_file,
+                           f"{self.embedding_file}.onnx")
 
 
 def has_vision(ckpt: Checkpoint) -> bool:

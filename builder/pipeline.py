@@ -20,7 +20,7 @@ from builder import hub, record
 from builder.architecture import DecoderInfo, decoder_info
 from builder.digests import hash_inputs
 from builder.errors import BuildError
-from builder.genai_config import genai_config, with_vision
+from builder.genai_config import genai_config
 from builder.graph import Graph
 from builder.hub import TOKENIZER_FILES
 from builder.inputs.lora import Adapter, with_adapter
@@ -129,24 +129,34 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
 
     g = Graph()
     check_windowed_cache(info, options.windowed_kv_cache, options.search)
-    windowed = info.sliding_window_layers if target.windowed_kv_cache else []
-    io = DecoderIO.create(info.num_layers, info.num_kv_heads, info.head_size, target.io_dtype, windowed,
-                          embeds_width=info.hidden_size if package is not None else None,
-                          conv_layers=info.conv_layers, conv_state=info.conv_state,
-                          recurrent_state=info.recurrent_state, stateless_layers=info.stateless_layers,
-                          hybrid_layers=info.hybrid_layers, layer_kv_dims=info.layer_kv_dims,
-                          position_ids=target.provider.position_ids,
-                          kv_dtype=np.int8 if options.kv_cache != "float" else None)
-    g.position_ids = io.position_ids
-    if options.kv_cache != "float":
-        target = _with_kv_scales(g, io, info, target, options)
-    logits, presents = family.build(g, io, checkpoint, config, target)
+    if family.decoder is not None:  # a decoder with I/O of its own (Whisper's)
+        if package is None:
+            raise BuildError(f"{names[0]}'s decoder runs only beside its encoder: build the whole package "
+                             "(without --text-only, from a safetensors folder)")
+        if options.kv_cache != "float" or target.standard_ops:
+            raise BuildError(f"{names[0]}: --kv-cache and --standard-ops apply to decoders of the shared I/O "
+                             "contract, not its encoder-decoder package")
+        inputs, outputs = family.decoder(g, checkpoint, config, target)
+    else:
+        windowed = info.sliding_window_layers if target.windowed_kv_cache else []
+        io = DecoderIO.create(info.num_layers, info.num_kv_heads, info.head_size, target.io_dtype, windowed,
+                              embeds_width=info.hidden_size if package is not None else None,
+                              conv_layers=info.conv_layers, conv_state=info.conv_state,
+                              recurrent_state=info.recurrent_state, stateless_layers=info.stateless_layers,
+                              hybrid_layers=info.hybrid_layers, layer_kv_dims=info.layer_kv_dims,
+                              position_ids=target.provider.position_ids,
+                              kv_dtype=np.int8 if options.kv_cache != "float" else None)
+        g.position_ids = io.position_ids
+        if options.kv_cache != "float":
+            target = _with_kv_scales(g, io, info, target, options)
+        logits, presents = family.build(g, io, checkpoint, config, target)
+        inputs, outputs = io.inputs, io.outputs(logits, info.vocab_size, presents)
     checkpoint.check_consumed(family.ignored if package is None else package.ignored)
     if target.quantization is not None:
         check_float_layers(target.quantization.float_layers, g.linears)
         check_float_layers(tuple(options.int8_layers), g.linears, "--int8-layers")
     inp.check_tokenizer()
-    model = g.model(io.inputs, io.outputs(logits, info.vocab_size, presents), standard=target.standard_ops)
+    model = g.model(inputs, outputs, standard=target.standard_ops)
     if target.standard_ops:
         check_standard_ops(model, names[0])
     check_provider_kernels(model, target.provider, names[0])
@@ -218,13 +228,10 @@ def _source_bytes(checkpoint: Checkpoint, sources: dict[str, tuple[str, ...]]) -
 
 
 def genai_json(p: Plan, options: BuildOptions) -> dict[str, Any]:
-    """genai_config.json: the decoder's, or a multimodal package's pipeline."""
+    """genai_config.json: the decoder's, or a package's (the package rewrites the decoder's)."""
     config = genai_config(p.info, p.target or options.target(), p.generation, options.search,
                           inputs_embeds=p.package is not None)
-    if p.package is None:
-        return config
-    k = p.package
-    return with_vision(config, k.model_type, f"{k.vision_file}.onnx", k.processor_file, f"{k.embedding_file}.onnx")
+    return config if p.package is None else p.package.genai_config(config)
 
 
 def describe(p: Plan, options: BuildOptions) -> str:

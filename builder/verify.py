@@ -263,11 +263,14 @@ def verify(options: BuildOptions, output: Path, folder: Path, quiet: bool = Fals
     """The prompt's logits and the next step's, ONNX Runtime against transformers; for an
     image-and-text package, also with an image in the prompt (vision -> embedding -> decoder)."""
     check_verifiable(options)
+    genai = json.loads((output / "genai_config.json").read_text())["model"]
+    if genai["type"] == "whisper":  # a decoder without attention_mask, fed by an encoder
+        raise BuildError(f"--verify runs decoders that read input_ids and an attention mask, not Whisper's; "
+                         f"the package in {output} is written (tests/test_whisper.py compares it with transformers)")
     import onnxruntime as ort
     import torch
 
     model = _reference_model(folder, options, quiet)
-    genai = json.loads((output / "genai_config.json").read_text())["model"]
     decoder = genai["decoder"]
     session_options = ort.SessionOptions()
     for key, value in config_entries(decoder.get("session_options", {})).items():  # as onnxruntime-genai sets them
