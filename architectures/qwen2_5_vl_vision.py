@@ -30,7 +30,7 @@ import numpy as np
 import onnx_ir as ir
 
 from builder.architecture import Weights, prefix_holding
-from builder.blocks import ResidualStream, gated_mlp, linear
+from builder.blocks import ResidualStream, activation, gated_mlp, linear
 from builder.blocks.rope import MultimodalRotary, default_inv_freq
 from builder.config_checks import config_object
 from builder.graph import Graph
@@ -171,7 +171,7 @@ def vision_rotary(g: Graph, p: Patches, head_dim: int, theta: float, target: Tar
         freqs = g.op.Concat(*angles, axis=-1)  # (N, head_dim / 2)
         cos, sin = (g.op.Cast(f(freqs), to=dtype) for f in (g.op.Cos, g.op.Sin))
         places = g.op.Unsqueeze(p.index, g.constant([0], np.int64))  # (1, N)
-    return MultimodalRotary(cos, sin, head_dim, [places])
+    return MultimodalRotary(cos, sin, head_dim, _positions=[places])
 
 
 def same_key_bias(g: Graph, key: ir.Value, target: Target) -> ir.Value:
@@ -243,7 +243,7 @@ def build(g: Graph, pixels: ir.Value, grid: ir.Value, ckpt: Checkpoint, c: Qwen2
         with g.scope("mlp.0"):
             x = linear(g, x, merger("mlp.0.weight", wide, wide), target, merger("mlp.0.bias", wide))
         with g.scope("mlp.1"):
-            x = g.op.Gelu(x)  # nn.GELU(): the exact erf form
+            x = activation(g, x, "gelu", target)  # nn.GELU(): the exact erf form
         with g.scope("mlp.2"):
             return linear(g, x, merger("mlp.2.weight", c.out_hidden_size, wide), target,
                           merger("mlp.2.bias", c.out_hidden_size))  # (N / m², out_hidden_size)

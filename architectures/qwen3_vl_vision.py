@@ -23,7 +23,7 @@ import onnx_ir as ir
 
 from architectures.qwen2_5_vl_vision import TOWER_PREFIXES, Patches, attention, patches, same_key_bias, vision_rotary
 from builder.architecture import Weights, prefix_holding
-from builder.blocks import ResidualStream, layer_norm, linear, plain_mlp
+from builder.blocks import ResidualStream, activation, layer_norm, linear, plain_mlp
 from builder.config_checks import config_object
 from builder.graph import Graph
 from builder.hf_config import from_dict
@@ -132,7 +132,7 @@ def merger(g: Graph, x: ir.Value, w: Weights, c: Qwen3VLVisionConfig, target: Ta
     with g.scope("linear_fc1"):  # (N / m², m²·H)
         x = linear(g, x, w("linear_fc1.weight", wide, wide), target, w("linear_fc1.bias", wide))
     with g.scope("act_fn"):
-        x = g.op.Gelu(x)  # nn.GELU(): the exact erf form
+        x = activation(g, x, "gelu", target)  # nn.GELU(): the exact erf form
     with g.scope("linear_fc2"):
         return linear(g, x, w("linear_fc2.weight", c.out_hidden_size, wide), target,
                       w("linear_fc2.bias", c.out_hidden_size))  # (N / m², out_hidden_size)

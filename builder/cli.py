@@ -249,6 +249,9 @@ EXTRA_OPTIONS = {
     "is_symmetric": ("symmetric", _bool), "int4_is_symmetric": ("symmetric", _bool),
     "windowed_kv_cache": ("windowed_kv_cache", _bool),
     "use_qdq": ("qdq", _bool),
+    "kv_cache_quant_scheme": ("kv_cache", lambda v: {"none": "float", "int8_per_tensor": "int8-per-tensor",
+                                                     "int8_per_channel": "int8-per-channel"}[v.lower()]),
+    "kv_cache_scale_file": ("kv_cache_scales", str),
 }
 # Keys accepted only at the value that is what builder does anyway (its default there).
 EXTRA_OPTIONS_AS_DEFAULT = {
@@ -283,7 +286,7 @@ def genai_extra_options(pairs: list[str], args: dict) -> dict:
                     continue
                 raise BuildError(f"--extra_options {pair}: builder does not do this; only "
                                  f"{key}={str(default).lower()} (what it always does) is accepted")
-        except ValueError:
+        except (ValueError, KeyError):
             raise BuildError(f"--extra_options {pair}: not a valid value for {key}") from None
         raise BuildError(f"--extra_options {key}: builder has no such option; it maps "
                          f"{', '.join(EXTRA_OPTIONS)} and accepts "

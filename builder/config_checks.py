@@ -34,6 +34,9 @@ POSITIVE = frozenset({
     "no_rope_layer_interval", "num_channels", "image_size", "patch_size", "mm_tokens_per_image", "text_hidden_size",
     # Qwen-VL's vision_config
     "num_heads", "in_channels", "spatial_merge_size", "temporal_patch_size", "window_size", "out_hidden_size",
+    # Whisper's (WhisperConfig's keys)
+    "num_mel_bins", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads", "decoder_attention_heads",
+    "encoder_ffn_dim", "decoder_ffn_dim", "max_source_positions", "max_target_positions",
     # Numbers that divide: an eps of 0 makes a zero row (a padding token's embedding) 0/0 = NaN;
     # a scalar of 0 is 0 ** -0.5; a softcap of 0 is x / 0.
     "rms_norm_eps", "layer_norm_eps", "norm_eps", "norm_epsilon",

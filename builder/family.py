@@ -137,7 +137,10 @@ class Family:
     pre-quantized `quant_method`s it reads itself (gpt-oss's mxfp4). `package`: the module in
     architectures/ that builds the other models of a multimodal checkpoint, per architecture.
     `weights`/`prefix`: how a layer's tensors are read (`{prefix}layers.{i}.`), a callable taking
-    the Decoder where the prefix depends on the checkpoint."""
+    the Decoder where the prefix depends on the checkpoint. `decoder`: for a decoder whose inputs and
+    outputs are not the shared contract (Whisper's int32 ids, self and cross caches, no attention
+    mask): decoder(g, ckpt, config, target) records the whole decoder and returns (graph inputs,
+    graph outputs), in place of the shared body and builder.io.DecoderIO."""
 
     name: str
     config: type
@@ -157,6 +160,7 @@ class Family:
     prefix: str | Callable[[Decoder], str] = "model."
     final_norm: Callable[[Decoder], ir.Value] = final_norm
     logits: Callable[[Decoder, ir.Value], ir.Value] = logits
+    decoder: Callable[[Graph, Checkpoint, Any, Target], tuple[list[ir.Value], list[ir.Value]]] | None = None
 
     @property
     def architectures(self) -> tuple[str, ...]:

@@ -23,25 +23,26 @@ SEARCH_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p":
 
 def genai_config(
     info: DecoderInfo, target: Target, generation: dict[str, Any], search: dict[str, Any] | None = None,
-    filename: str = "model.onnx", inputs_embeds: bool = False, position_ids: bool = False,
+    filename: str = "model.onnx", inputs_embeds: bool = False,
 ) -> dict[str, Any]:
     """The decoder's genai_config.json. generation_config.json's token ids and sampling settings
     override config.json's; the build's own `search` settings override both. `inputs_embeds`: the
-    decoder reads embeddings (a multimodal package's) instead of input_ids; `position_ids`: it reads
-    the position ids genai computes (Qwen-VL's (3, batch, sequence))."""
+    decoder reads embeddings (a multimodal package's) instead of input_ids."""
     bos, eos, pad = _special_tokens(info, generation)
     model: dict[str, Any] = {} if bos is None else {"bos_token_id": bos}  # genai rejects a null id
     return {
         "model": {
             **model,
             "context_length": info.context_length,
-            "decoder": _decoder_section(info, target, filename, inputs_embeds, position_ids),
+            "decoder": _decoder_section(info, target, filename, inputs_embeds),
             "eos_token_id": eos if len(eos) != 1 else eos[0],
             "pad_token_id": pad,
             "type": info.model_type,
             "vocab_size": info.vocab_size,
         },
-        "search": _search_section(info, generation, search),
+        # ONNX's Attention returns past ‖ new; an int8 cache is shared only on CUDA (as genai's builder)
+        "search": _search_section(info, generation, search, share_buffer=not target.standard_ops and (
+            target.kv_cache is None or target.execution_provider == "cuda")),
     }
 
 
@@ -58,8 +59,7 @@ def _special_tokens(info: DecoderInfo, generation: dict[str, Any]) -> tuple[int 
     return bos, eos, pad
 
 
-def _decoder_section(info: DecoderInfo, target: Target, filename: str, inputs_embeds: bool,
-                     position_ids: bool = False) -> dict[str, Any]:
+def _decoder_section(info: DecoderInfo, target: Target, filename: str, inputs_embeds: bool) -> dict[str, Any]:
     """model.decoder: the session, the file, the shapes and the names of the inputs and outputs,
     and the sliding-window cache where the build writes one."""
     decoder: dict[str, Any] = {
@@ -70,7 +70,7 @@ def _decoder_section(info: DecoderInfo, target: Target, filename: str, inputs_em
         "inputs": {
             **({"inputs_embeds": "inputs_embeds"} if inputs_embeds else {"input_ids": "input_ids"}),
             "attention_mask": "attention_mask",
-            **({"position_ids": "position_ids"} if position_ids or target.provider.position_ids else {}),
+            **({"position_ids": "position_ids"} if target.provider.position_ids else {}),
             "past_key_names": PAST_KEY,
             "past_value_names": PAST_VALUE,
         },
@@ -129,7 +129,8 @@ def _declare_conv_state(decoder: dict[str, Any], info: DecoderInfo) -> None:
         decoder["outputs"]["present_recurrent_names"] = PRESENT_RECURRENT
 
 
-def _search_section(info: DecoderInfo, generation: dict[str, Any], search: dict[str, Any] | None) -> dict[str, Any]:
+def _search_section(info: DecoderInfo, generation: dict[str, Any], search: dict[str, Any] | None,
+                    share_buffer: bool = True) -> dict[str, Any]:
     """search: one beam, up to the context length, with the sampling settings of
     generation_config.json (SEARCH_DEFAULTS where it has none), then the build's own `search`."""
     sampling = {k: generation[k] if generation.get(k) is not None else v for k, v in SEARCH_DEFAULTS.items()}
@@ -142,8 +143,9 @@ def _search_section(info: DecoderInfo, generation: dict[str, Any], search: dict[
         "no_repeat_ngram_size": 0,
         "num_beams": 1,
         "num_return_sequences": 1,
-        # GroupQueryAttention reads and writes the KV cache in place in one max-length buffer.
-        "past_present_share_buffer": True,
+        # GroupQueryAttention reads and writes the KV cache in place in one max-length buffer;
+        # ONNX's Attention (a standard-ops model) returns past ‖ new, a buffer of its own.
+        "past_present_share_buffer": share_buffer,
         **sampling,
         **(search or {}),
     }

@@ -24,6 +24,8 @@ from builder.lazy import Weight
 from builder.materialize import write_order
 
 OPSET = 21
+# A standard-ops model's: Attention with past/present KV (24), RotaryEmbedding, RMSNormalization (23).
+STANDARD_OPSET = 24
 MS_DOMAIN = "com.microsoft"
 
 
@@ -60,6 +62,8 @@ class Graph:
         self.linears: dict[str, tuple[str, ...]] = {}
         # the decoder's position_ids input, where the provider has onnxruntime-genai feed one
         self.position_ids: ir.Value | None = None
+        # an int8 KV cache's scales: a layer's past key input -> (k_scale, v_scale) initializers
+        self.kv_scales: dict[ir.Value, tuple[ir.Value, ir.Value]] = {}
 
     @contextlib.contextmanager
     def scope(self, *parts: str) -> Iterator[None]:
@@ -131,13 +135,14 @@ class Graph:
             self._constants[key] = self.tape.initializer(ir.Tensor(array, name=name), name=name)
         return self._constants[key]
 
-    def model(self, inputs: Sequence[ir.Value], outputs: Sequence[ir.Value]) -> ir.Model:
+    def model(self, inputs: Sequence[ir.Value], outputs: Sequence[ir.Value], standard: bool = False) -> ir.Model:
+        """The recorded graph as a model; `standard`: ONNX's opset STANDARD_OPSET alone (no com.microsoft)."""
         graph = ir.Graph(
             inputs=inputs,
             outputs=outputs,
             nodes=self.tape.nodes,
             initializers=write_order(self.tape.initializers),
-            opset_imports={"": OPSET, MS_DOMAIN: 1},
+            opset_imports={"": STANDARD_OPSET} if standard else {"": OPSET, MS_DOMAIN: 1},
             name="main_graph",
         )
         return ir.Model(graph, ir_version=10, producer_name="builder")

@@ -21,7 +21,8 @@ TOKENIZER_FILES = (
     "chat_template.json",
 )
 # Only what a build reads: never pickled *.bin weights, never other formats' duplicates.
-# preprocessor_config.json: an image-and-text model's image preprocessing (builder/image_processor.py).
+# preprocessor_config.json: an image-and-text model's image preprocessing (builder/image_processor.py),
+# Whisper's log-mel settings (builder/audio_processor.py).
 ALLOW_PATTERNS = ["config.json", "generation_config.json", "*.safetensors", "model.safetensors.index.json",
                   "preprocessor_config.json", *TOKENIZER_FILES]
 

@@ -57,6 +57,7 @@ class DecoderIO:
     layer_kv_dims: dict[int, tuple[int, int]] = field(default_factory=dict)  # layer -> its own kv_dims
     position_ids: ir.Value | None = None  # int64 (batch, sequence) where the provider feeds positions;
     # (3, batch, sequence) for Qwen-VL's M-RoPE (onnxruntime-genai computes both)
+    kv_dtype: np.dtype | None = None  # the KV cache's dtype where it is not the IO dtype (int8)
 
     def kv_dims_of(self, layer: int) -> tuple[int, int]:
         """(num_kv_heads, head_size) of `layer`'s KV: its own where it differs (Gemma 4's full layers)."""
@@ -68,7 +69,7 @@ class DecoderIO:
         embeds_width: int | None = None, conv_layers=(), conv_state: tuple[int, int] | None = None,
         recurrent_state: tuple[int, ...] | None = None, stateless_layers=(), hybrid_layers=(),
         layer_kv_dims: dict[int, tuple[int, int]] | None = None, position_ids: bool = False,
-        position_rows: int | None = None,
+        kv_dtype: np.dtype | None = None, position_rows: int | None = None,
     ) -> DecoderIO:
         """`windowed_layers` keep a window-long KV ring buffer (see Target.windowed_kv_cache);
         `embeds_width` (the hidden size) makes the decoder read inputs_embeds instead of input_ids;
@@ -78,8 +79,9 @@ class DecoderIO:
         cache before those states; `layer_kv_dims` (layer -> (num_kv_heads, head_size)) gives the
         layers whose KV is shaped apart (Gemma 4's full-attention layers); `position_ids` adds that
         input (int64, batch by sequence), fed by onnxruntime-genai (the DirectML provider's rotary);
-        `position_rows` makes it (position_rows, batch, sequence), the positions onnxruntime-genai
-        computes for Qwen-VL's multimodal rotary."""
+        `kv_dtype` stores the KV cache in another dtype than the activations (an int8 cache);
+        `position_rows` makes position_ids (position_rows, batch, sequence), the positions
+        onnxruntime-genai computes for Qwen-VL's multimodal rotary."""
         windowed, stateless = frozenset(windowed_layers), frozenset(stateless_layers)
         slots = {layer: n for n, layer in enumerate(i for i in range(num_layers) if i not in stateless)}
 
@@ -88,7 +90,7 @@ class DecoderIO:
         def kv(i: int, pattern: str) -> ir.Value:
             length = PAST_WINDOW if i in windowed else PAST
             heads, size = own.get(i, (num_kv_heads, head_size))
-            return _value(pattern % slots[i], io_dtype, (BATCH, heads, length, size))
+            return _value(pattern % slots[i], kv_dtype or io_dtype, (BATCH, heads, length, size))
 
         conv = {i: _value(PAST_CONV % slots[i], io_dtype, (BATCH, *conv_state)) for i in conv_layers}
         recurrent = {} if recurrent_state is None else {
@@ -112,6 +114,7 @@ class DecoderIO:
             layer_kv_dims=own,
             position_ids=_value("position_ids", np.int64, (position_rows, BATCH, SEQUENCE) if position_rows
                                 else (BATCH, SEQUENCE)) if position_ids or position_rows else None,
+            kv_dtype=None if kv_dtype is None else np.dtype(kv_dtype),
         )
 
     @property
@@ -135,7 +138,7 @@ class DecoderIO:
                 key, value, *present = present
                 for v, pattern in ((key, PRESENT_KEY), (value, PRESENT_VALUE)):
                     v.name = pattern % self.slots[i]
-                    v.type = ir.TensorType(ir.DataType.from_numpy(self.io_dtype))
+                    v.type = ir.TensorType(ir.DataType.from_numpy(self.kv_dtype or self.io_dtype))
                     v.shape = ir.Shape((BATCH, heads, TOTAL_WINDOW if i in self.windowed_layers else TOTAL, size))
             if i in self.conv:
                 self._name_conv_state(i, *present)

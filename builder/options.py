@@ -18,6 +18,7 @@ import numpy as np
 
 from builder.errors import BuildError
 from builder.quantize import BLOCK_SIZES
+from builder.kv_cache import SCHEMES as KV_SCHEMES
 from builder.providers import PROVIDERS, canonical
 from builder.target import BITS_DEFAULTS, Quantization, Target
 
@@ -125,6 +126,14 @@ class BuildOptions:
     windowed_kv_cache: bool = option(False, bool, "sliding-window layers keep window-long ring-buffer KV "
                                      "caches: less memory, but onnxruntime-genai then needs max_length >= the "
                                      "window and batches of equal-length prompts (default: full-length caches)")
+    kv_cache: str = option("float", str, "KV cache: float (the activation dtype), or int8 with static per-layer "
+                           "scales per tensor or per channel (GroupQueryAttention on cpu and cuda; needs "
+                           "--kv-cache-scales)", KV_SCHEMES)
+    kv_cache_scales: str | None = option(None, str, "int8 KV cache: calibrated per-layer scales, onnxruntime-genai's "
+                                         "kv_cache_scale_file JSON (scripts/calibrate_kv_cache.py writes one)")
+    standard_ops: bool = option(False, bool, "only standard ONNX operators (opset 24: Attention with past/present KV, "
+                                "RotaryEmbedding, RMSNormalization, DequantizeLinear weights): the model any conforming "
+                                "runtime loads; cpu only, models with contrib-only parts (experts, linear attention) refused")
     text_only: bool = option(False, bool, "image-and-text models (Gemma 3 4b/12b/27b): build the text decoder "
                              "alone instead of the multimodal package (vision, embedding and decoder models)")
     cache_dir: str | None = option(None, str, "Hugging Face cache folder for downloads (default: huggingface_hub's, "
@@ -186,6 +195,26 @@ class BuildOptions:
                     raise OptionError(key, f"-e {provider.name} reads quantized weights only as symmetric "
                                            "DequantizeLinear + MatMul (QDQ)")
                 object.__setattr__(self, key, True)
+        if self.standard_ops:
+            if provider.name != "cpu":
+                raise OptionError("standard_ops", f"builds a provider-neutral model: use -e cpu, not -e {provider.name}")
+            if self.windowed_kv_cache:
+                raise OptionError("windowed_kv_cache", "--standard-ops keeps full-length caches (ONNX's Attention "
+                                                       "has no ring-buffer cache)")
+            if self.precision in QUANTIZED:
+                if self.qdq is False:
+                    raise OptionError("qdq", "--standard-ops stores quantized weights as DequantizeLinear + MatMul")
+                object.__setattr__(self, "qdq", True)
+        if self.kv_cache != "float":
+            if self.kv_cache_scales is None:
+                raise OptionError("kv_cache", f"{self.kv_cache} needs --kv-cache-scales FILE (calibrated per-layer "
+                                              "scales; scripts/calibrate_kv_cache.py writes one from a float build)")
+            if provider.name not in ("cpu", "cuda") or self.standard_ops or self.windowed_kv_cache:
+                raise OptionError("kv_cache", "an int8 KV cache is GroupQueryAttention's on cpu and cuda, with "
+                                              "full-length caches (no --standard-ops, no --windowed-kv-cache)")
+        elif self.kv_cache_scales is not None:
+            raise OptionError("kv_cache_scales", "applies to an int8 KV cache (--kv-cache int8-per-tensor or "
+                                                 "int8-per-channel) only")
         if self.windowed_kv_cache and not provider.windowed_kv_cache:
             raise OptionError("windowed_kv_cache", f"-e {provider.name}: onnxruntime-genai keeps full-length caches "
                                                    "there (its attention has no ring-buffer window cache)")
@@ -236,6 +265,7 @@ class BuildOptions:
         return Target(
             io_dtype=_DTYPES[self.resolved_io_dtype], execution_provider=ep, quantization=quantization,
             windowed_kv_cache=self.windowed_kv_cache, context_length=self.context_length,
+            standard_ops=self.standard_ops,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from builder.errors import BuildError
 from builder.hub import TOKENIZER_FILES
+from builder.audio_processor import AUDIO_PROCESSOR_FILE
 from builder.image_processor import PROCESSOR_FILE
 from builder.record import is_record
 
@@ -17,7 +18,7 @@ from builder.record import is_record
 RECORD_FILE = "build.yaml"
 # What a build writes besides *.onnx and *.onnx.data: a folder holding anything else is not a
 # previous output, and --overwrite leaves it alone.
-OUTPUT_FILES = frozenset({"genai_config.json", RECORD_FILE, PROCESSOR_FILE, *TOKENIZER_FILES})
+OUTPUT_FILES = frozenset({"genai_config.json", RECORD_FILE, PROCESSOR_FILE, AUDIO_PROCESSOR_FILE, *TOKENIZER_FILES})
 
 
 def check_output(folder: Path, overwrite: bool, inputs: Iterable[Path] = (), flag: str = "--overwrite") -> None:

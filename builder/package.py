@@ -12,6 +12,7 @@ from typing import Any
 
 import onnx_ir as ir
 
+from builder.genai_config import with_vision
 from builder.image_processor import PROCESSOR_FILE
 
 __all__ = ["Package"]
@@ -42,3 +43,15 @@ class Package:
     vision_inputs: dict[str, str] = field(default_factory=lambda: {"pixel_values": "pixel_values"})
     position_ids: bool = False
     embeds_width: int | None = None
+
+    def genai_config(self, config: dict[str, Any]) -> dict[str, Any]:
+        """`config` (the decoder's genai_config.json, reading inputs_embeds) as onnxruntime-genai's
+        vision-language pipeline of `model_type`: the vision and embedding models, the decoder's
+        position_ids and the width of its inputs_embeds where this package has them."""
+        decoder = config["model"]["decoder"]
+        if self.position_ids:
+            decoder["inputs"]["position_ids"] = "position_ids"
+        if self.embeds_width:
+            decoder["hidden_size"] = self.embeds_width
+        return with_vision(config, self.model_type, f"{self.vision_file}.onnx", self.processor_file,
+                           f"{self.embedding_file}.onnx", self.model_fields, self.vision_fields, self.vision_inputs)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
 
@@ -19,15 +20,18 @@ from builder import hub, record
 from builder.architecture import DecoderInfo, decoder_info
 from builder.digests import hash_inputs
 from builder.errors import BuildError
-from builder.genai_config import genai_config, with_vision
+from builder.genai_config import genai_config
 from builder.graph import Graph
 from builder.hub import TOKENIZER_FILES
 from builder.inputs.lora import Adapter, with_adapter
 from builder.inputs.read import read_input
 from builder.inputs.source import Checkpoint, Source
 from builder.io import DecoderIO
+from builder.kv_cache import read_scales
+from builder.lazy import Weight
+from builder.provider_kernels import missing, ops_of
+from builder.providers import Provider
 from builder.options import BuildOptions
-from builder.package import Package
 from builder.output_folder import check_output
 from builder.preflight import (
     check_context_length,
@@ -62,8 +66,9 @@ class Plan:
     graph_sources: dict[str, tuple[str, ...]]  # initializer -> the checkpoint tensors it reads
     source: Source  # what `folder` holds, in its format (and the files that format writes into the output)
     adapter: Adapter | None = None  # a LoRA adapter merged into the weights
-    package: Package | None = None  # an image-and-text model's other models (architectures.PACKAGES)
+    package: Any = None  # a package's other models (architectures.PACKAGES: builder.package.Package, Whisper's), or None
     estimates: dict[str, Estimate] | None = None  # each model's own (file stem -> estimate)
+    target: Any = None  # the Target the model was built for (the options' with what the checkpoint decided)
 
     @property
     def parameters(self) -> int:
@@ -124,23 +129,39 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
 
     g = Graph()
     check_windowed_cache(info, options.windowed_kv_cache, options.search)
-    windowed = info.sliding_window_layers if target.windowed_kv_cache else []
-    io = DecoderIO.create(info.num_layers, info.num_kv_heads, info.head_size, target.io_dtype, windowed,
-                          embeds_width=(package.embeds_width or info.hidden_size) if package is not None else None,
-                          conv_layers=info.conv_layers, conv_state=info.conv_state,
-                          recurrent_state=info.recurrent_state, stateless_layers=info.stateless_layers,
-                          hybrid_layers=info.hybrid_layers, layer_kv_dims=info.layer_kv_dims,
-                          position_ids=target.provider.position_ids,
-                          position_rows=3 if package is not None and package.position_ids else None)
-    # The provider's positions (batch, sequence) feed explicit rotary; Qwen-VL's M-RoPE rows its own tables.
-    g.position_ids = io.position_ids if io.position_ids is not None and len(io.position_ids.shape) == 2 else None
-    logits, presents = family.build(g, io, checkpoint, config, target)
+    if family.decoder is not None:  # a decoder with I/O of its own (Whisper's)
+        if package is None:
+            raise BuildError(f"{names[0]}'s decoder runs only beside its encoder: build the whole package "
+                             "(without --text-only, from a safetensors folder)")
+        if options.kv_cache != "float" or target.standard_ops:
+            raise BuildError(f"{names[0]}: --kv-cache and --standard-ops apply to decoders of the shared I/O "
+                             "contract, not its encoder-decoder package")
+        inputs, outputs = family.decoder(g, checkpoint, config, target)
+    else:
+        windowed = info.sliding_window_layers if target.windowed_kv_cache else []
+        io = DecoderIO.create(info.num_layers, info.num_kv_heads, info.head_size, target.io_dtype, windowed,
+                              embeds_width=(package.embeds_width or info.hidden_size) if package is not None else None,
+                              conv_layers=info.conv_layers, conv_state=info.conv_state,
+                              recurrent_state=info.recurrent_state, stateless_layers=info.stateless_layers,
+                              hybrid_layers=info.hybrid_layers, layer_kv_dims=info.layer_kv_dims,
+                              position_ids=target.provider.position_ids,
+                              kv_dtype=np.int8 if options.kv_cache != "float" else None,
+                              position_rows=3 if package is not None and package.position_ids else None)
+        # The provider's positions (batch, sequence) feed explicit rotary; Qwen-VL's M-RoPE rows its own tables.
+        g.position_ids = io.position_ids if io.position_ids is not None and len(io.position_ids.shape) == 2 else None
+        if options.kv_cache != "float":
+            target = _with_kv_scales(g, io, info, target, options)
+        logits, presents = family.build(g, io, checkpoint, config, target)
+        inputs, outputs = io.inputs, io.outputs(logits, info.vocab_size, presents)
     checkpoint.check_consumed(family.ignored if package is None else package.ignored)
     if target.quantization is not None:
         check_float_layers(target.quantization.float_layers, g.linears)
         check_float_layers(tuple(options.int8_layers), g.linears, "--int8-layers")
     inp.check_tokenizer()
-    model = g.model(io.inputs, io.outputs(logits, info.vocab_size, presents))
+    model = g.model(inputs, outputs, standard=target.standard_ops)
+    if target.standard_ops:
+        check_standard_ops(model, names[0])
+    check_provider_kernels(model, target.provider, names[0])
     RemoveUnusedNodesPass()(model)
     TopologicalSortPass()(model)
 
@@ -148,12 +169,58 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     sources = dict(g.sources)
     estimates = {MODEL_STEM: estimate(model, _source_bytes(checkpoint, g.sources), g.members)}
     for stem, part in package.models.items() if package is not None else ():
+        if target.standard_ops:
+            check_standard_ops(part, f"{names[0]}'s {stem} model")
+        check_provider_kernels(part, target.provider, f"{names[0]}'s {stem} model")
         RemoveUnusedNodesPass()(part)
         TopologicalSortPass()(part)
         sources.update({f"{stem}:{name}": srcs for name, srcs in package.sources[stem].items()})
         estimates[stem] = estimate(part, _source_bytes(checkpoint, package.sources[stem]))
     return Plan(folder, names[0], config, info, checkpoint, model, generation, combined(list(estimates.values())),
-                sources, inp, adapter, package, estimates)
+                sources, inp, adapter, package, estimates, target)
+
+
+def _with_kv_scales(g: Graph, io: DecoderIO, info: DecoderInfo, target, options: BuildOptions):
+    """The target with the int8 KV cache's scales, each layer's registered as the initializers
+    `model.layers.N.attn.k_scale` / `v_scale` (the reference's names) its GroupQueryAttention reads."""
+    if info.layer_kv_dims or info.stateless_layers:
+        raise BuildError(f"--kv-cache {options.kv_cache}: layers whose KV is shaped apart or shared (Gemma 4) "
+                         "are not supported; build with a float KV cache")
+    layers = [i for i, past in enumerate(io.past) if past is not None]
+    scales = read_scales(options.kv_cache_scales, options.kv_cache, layers, info.num_kv_heads, info.head_size)
+    for i in layers:
+        with g.scope("model", f"layers.{i}", "attn"):
+            g.kv_scales[io.past[i][0]] = (g.weight("k_scale", Weight.constant(scales.k_scales[i])),
+                                          g.weight("v_scale", Weight.constant(scales.v_scales[i])))
+    return dataclasses.replace(target, kv_cache=scales)
+
+
+def check_provider_kernels(model: ir.Model, provider: Provider, what: str) -> None:
+    """Nodes the provider has no ONNX Runtime kernel for (builder.provider_kernels): refused where the
+    provider needs every kernel (DirectML's captured graph), else a warning that ONNX Runtime runs
+    them on the CPU."""
+    if provider.name == "cpu":
+        return
+    gone = missing(ops_of(model), provider.name)
+    if not gone:
+        return
+    line = f"-e {provider.name}: ONNX Runtime's {provider.name} provider has no kernel for {', '.join(gone)}, which {what} uses"
+    if provider.needs_every_kernel:
+        raise BuildError(f"{line} (its captured graph cannot fall back to the CPU); build for another provider")
+    log.warning(f"warning: {line}; ONNX Runtime will run those nodes on the CPU")
+
+
+def check_standard_ops(model: ir.Model, architecture: str) -> None:
+    """Refuses, before anything is written, a --standard-ops model with a node ONNX does not define
+    (a com.microsoft operator, or one ONNX Runtime registers in the default domain) at the model's opset."""
+    import onnx.defs
+
+    opset = model.opset_imports[""]
+    for node in model.graph.all_nodes():
+        if node.domain not in ("", "ai.onnx") or not onnx.defs.has(node.op_type, opset, ""):
+            name = f"{node.domain}::{node.op_type}" if node.domain else node.op_type
+            raise BuildError(f"--standard-ops: {architecture} needs {name} ({node.name}), which is not a standard "
+                             f"ONNX operator (opset {opset}); build it without --standard-ops")
 
 
 def _source_bytes(checkpoint: Checkpoint, sources: dict[str, tuple[str, ...]]) -> dict[str, list[int]]:
@@ -163,16 +230,10 @@ def _source_bytes(checkpoint: Checkpoint, sources: dict[str, tuple[str, ...]]) -
 
 
 def genai_json(p: Plan, options: BuildOptions) -> dict[str, Any]:
-    """genai_config.json: the decoder's, or a multimodal package's pipeline."""
-    k = p.package
-    config = genai_config(p.info, options.target(), p.generation, options.search, inputs_embeds=k is not None,
-                          position_ids=k is not None and k.position_ids)
-    if k is None:
-        return config
-    if k.embeds_width:
-        config["model"]["decoder"]["hidden_size"] = k.embeds_width
-    return with_vision(config, k.model_type, f"{k.vision_file}.onnx", k.processor_file, f"{k.embedding_file}.onnx",
-                       k.model_fields, k.vision_fields, k.vision_inputs)
+    """genai_config.json: the decoder's, or a package's (the package rewrites the decoder's)."""
+    config = genai_config(p.info, p.target or options.target(), p.generation, options.search,
+                          inputs_embeds=p.package is not None)
+    return config if p.package is None else p.package.genai_config(config)
 
 
 def describe(p: Plan, options: BuildOptions) -> str:

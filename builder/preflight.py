@@ -36,7 +36,9 @@ TOKENIZER_MODELS = ("tokenizer.json", "tokenizer.model")
 TOKENIZER_OBJECTS = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 # A decoder layer's tensors: model.layers.N.*, or a multimodal checkpoint's language model's
 # (both layouts); a vision tower's encoder.layers.N.* are not the decoder's.
-DECODER_LAYER = re.compile(r"(?:model\.|language_model\.model\.|model\.language_model\.|backbone\.)layers\.(\d+)\.")
+# Whisper's num_hidden_layers is its encoder_layers (WhisperConfig's alias): model.encoder.layers.N.
+DECODER_LAYER = re.compile(r"(?:model\.|language_model\.model\.|model\.language_model\.|backbone\.|model\.encoder\.)"
+                           r"layers\.(\d+)\.")
 
 
 def check_not_prequantized(raw: dict[str, Any], path: Path, accepted: tuple[str, ...] = ()) -> None:

@@ -10,8 +10,9 @@ kernels per provider (builder.provider_kernels):
   MatMulNBits at accuracy level 0 (the input's own type), fp16 I/O for quantized builds.
 - dml (DirectML): GroupQueryAttention cannot rotate: q and k go through com.microsoft's
   RotaryEmbedding first, reading the `position_ids` input onnxruntime-genai then feeds; Q, K and V
-  projected apart (no packed QKV); no If node; fp16 only.
-- webgpu: as cuda, MatMulNBits at accuracy level 4.
+  projected apart (no packed QKV); no If node; no GatherBlockQuantized; GELU in plain ops (no
+  kernel for ONNX's Gelu); fp16 only.
+- webgpu: as cuda, MatMulNBits at accuracy level 4, no FusedMatMul.
 - trt-rtx (NVIDIA TensorRT-RTX, `NvTensorRtRtx` to onnxruntime-genai): no Skip/Simplified layer
   norm (RMSNorm written in standard ops), q/k norms apart from the attention, quantized weights in
   the QDQ form (symmetric int4 DequantizeLinear + MatMul), no GatherBlockQuantized (a tied
@@ -43,6 +44,10 @@ class Provider:
         quantized_gather: GatherBlockQuantized (a tied vocabulary's lookup from lm_head's codes).
         if_op: the If operator (LongRoPE's table choice).
         windowed_kv_cache: GroupQueryAttention's ring-buffer sliding-window cache.
+        fused_matmul: com.microsoft's FusedMatMul (a tied float lm_head's transposed product).
+        gelu_op: ONNX's Gelu (opset 20); without it, GELU in plain ops.
+        needs_every_kernel: a node the provider has no kernel for is refused, not left to ONNX
+            Runtime's CPU fallback (DirectML captures the graph, which a CPU node breaks).
     """
 
     name: str
@@ -58,6 +63,9 @@ class Provider:
     quantized_gather: bool = True
     if_op: bool = True
     windowed_kv_cache: bool = False
+    fused_matmul: bool = True
+    gelu_op: bool = True
+    needs_every_kernel: bool = False
 
     def provider_options(self) -> list[dict[str, Any]]:
         """genai_config.json's session_options.provider_options (empty: the CPU)."""
@@ -68,12 +76,14 @@ PROVIDERS: dict[str, Provider] = {p.name: p for p in (
     # fp32 first: MatMulNBits' fastest CPU path; bf16 has no CPU GroupQueryAttention kernel.
     Provider("cpu", "cpu", io_dtypes=("fp32", "fp16"), accuracy_level=4, windowed_kv_cache=True),
     Provider("cuda", "cuda", {"enable_cuda_graph": "0"}, io_dtypes=("fp16", "bf16"), windowed_kv_cache=True),
+    # DirectML has no GatherBlockQuantized kernel (docs/OperatorKernels.md; onnxruntime-genai's builder
+    # writes one for a tied int4 vocabulary all the same): its lookup reads a float table.
     Provider("dml", "dml", {"enable_graph_capture": "1"}, fused_rotary=False, position_ids=True, packed_qkv=False,
-             if_op=False),
+             if_op=False, quantized_gather=False, gelu_op=False, needs_every_kernel=True),
     Provider("webgpu", "webgpu", {"enableGraphCapture": "0", "validationMode": "basic"}, io_dtypes=("fp16", "fp32"),
-             accuracy_level=4),
+             accuracy_level=4, fused_matmul=False),
     Provider("trt-rtx", "NvTensorRtRtx", {"enable_cuda_graph": "1"}, io_dtypes=("fp16", "bf16"), fused_norms=False,
-             qdq=True, quantized_gather=False, if_op=False),
+             qdq=True, quantized_gather=False, if_op=False, fused_matmul=False),
 )}
 
 # Other spellings `-e` accepts: onnxruntime-genai's builder's (`NvTensorRtRtx`) and ONNX Runtime's

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from builder.kv_cache import KVCacheQuantization
 from builder.providers import PROVIDERS, Provider
 
 
@@ -125,6 +126,9 @@ class Target:
             the sequence. Off by default: onnxruntime-genai 0.18 with ONNX Runtime 1.31 cannot run
             such a cache for max_length below the window or for right-padded batches.
         context_length: positions to support instead of the model's max_position_embeddings.
+        standard_ops: only operators of the default ONNX domain (opset 24): RMSNormalization,
+            RotaryEmbedding and Attention with past and present KV, QDQ weights.
+        kv_cache: an int8 KV cache's per-layer scales (builder.kv_cache), or None for a float cache.
     """
 
     io_dtype: np.dtype
@@ -132,6 +136,8 @@ class Target:
     quantization: Quantization | None = None
     windowed_kv_cache: bool = False
     context_length: int | None = None
+    standard_ops: bool = False
+    kv_cache: KVCacheQuantization | None = None
 
     @property
     def provider(self) -> Provider:

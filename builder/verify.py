@@ -143,7 +143,11 @@ def _reference_model(folder: Path, options: BuildOptions, quiet: bool = False):
     q = target.quantization
     if q is not None:
         with torch.no_grad():
-            _untie_float_lookup(model, q, target.provider.quantized_gather)
+            untied = _untie_float_lookup(model, q, target.provider.quantized_gather and not target.standard_ops)
+            if target.standard_ops and (untied or q.embeddings):  # its own 8-bit lookup (blocks/vocabulary.py)
+                table = model.get_input_embeddings().weight.numpy()
+                m = quantize(table, 8, q.block_size, q.symmetric, np.float32, q.method)
+                table[...] = dequantize(m, table.shape[1], 8)
             for name, module in model.named_modules():
                 if (not isinstance(module, torch.nn.Linear) or any(part in name for part in FLOAT_TOWERS)
                         or name.endswith(FLOAT_ROUTERS)):
@@ -163,7 +167,7 @@ def _reference_model(folder: Path, options: BuildOptions, quiet: bool = False):
     return model
 
 
-def _untie_float_lookup(model, q, quantized_gather: bool = True) -> None:
+def _untie_float_lookup(model, q, quantized_gather: bool = True) -> bool:
     """An int8 build's tied vocabulary keeps a float lookup table beside its 8-bit lm_head
     (builder/blocks/lm_head.py), as every build for a provider without GatherBlockQuantized does:
     rounding lm_head in place must not round the embedding that transformers ties to it. (An int4
@@ -171,8 +175,10 @@ def _untie_float_lookup(model, q, quantized_gather: bool = True) -> None:
     import torch
 
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
-    if (q.bits == 8 or not quantized_gather) and head is not None and embed.weight is head.weight:
+    untie = (q.bits == 8 or not quantized_gather) and head is not None and embed.weight is head.weight
+    if untie:
         embed.weight = torch.nn.Parameter(embed.weight.detach().clone(), requires_grad=False)
+    return untie
 
 
 def _round_stacked_experts(name: str, module, target, config) -> None:
@@ -257,11 +263,14 @@ def verify(options: BuildOptions, output: Path, folder: Path, quiet: bool = Fals
     """The prompt's logits and the next step's, ONNX Runtime against transformers; for an
     image-and-text package, also with an image in the prompt (vision -> embedding -> decoder)."""
     check_verifiable(options)
+    genai = json.loads((output / "genai_config.json").read_text())["model"]
+    if genai["type"] == "whisper":  # a decoder without attention_mask, fed by an encoder
+        raise BuildError(f"--verify runs decoders that read input_ids and an attention mask, not Whisper's; "
+                         f"the package in {output} is written (tests/test_whisper.py compares it with transformers)")
     import onnxruntime as ort
     import torch
 
     model = _reference_model(folder, options, quiet)
-    genai = json.loads((output / "genai_config.json").read_text())["model"]
     decoder = genai["decoder"]
     session_options = ort.SessionOptions()
     for key, value in config_entries(decoder.get("session_options", {})).items():  # as onnxruntime-genai sets them
@@ -279,6 +288,7 @@ def verify(options: BuildOptions, output: Path, folder: Path, quiet: bool = Fals
     # layer has it.
     inputs = {i.name for i in session.get_inputs()}
     shapes = {i.name: i.shape for i in session.get_inputs()}
+    kv_dtype = {"tensor(int8)": np.int8}.get(next((i.type for i in session.get_inputs() if i.name.startswith("past_key_values.")), ""), dtype)
     states = {i.name: [1 if isinstance(d, str) else d for d in i.shape] for i in session.get_inputs()
               if i.name.startswith("past.")}
 
@@ -296,7 +306,7 @@ def verify(options: BuildOptions, output: Path, folder: Path, quiet: bool = Fals
             for kind in ("key", "value"):
                 name = f"past_key_values.{i}.{kind}"
                 _, heads, _, size = shapes[name]  # the layer's own (Gemma 4's full layers differ)
-                feed[name] = past[f"present.{i}.{kind}"] if past else np.zeros((1, heads, cap, size), dtype)
+                feed[name] = past[f"present.{i}.{kind}"] if past else np.zeros((1, heads, cap, size), kv_dtype)
         return dict(zip(names, session.run(None, feed)))
 
     def compare(prompt_ids, extra, prefill_feed, prompt="", positions=None):
@@ -337,6 +347,8 @@ def _verdict(got: np.ndarray, want: np.ndarray, options: BuildOptions, prompt: s
     kind = options.precision if options.precision in TOLERANCE else "fp16"
     if options.precision in ("int4", "int8") and options.resolved_io_dtype == "fp16":
         kind = "int4"
+    if options.kv_cache != "float" and kind in ("fp32", "fp16"):  # the cache rounded to int8 (transformers' is not)
+        kind = "int8"
     min_cos, min_top1 = TOLERANCE[kind]
     return Verdict(diff, diff / float(np.abs(want).max()), cosine, top1, cosine >= min_cos and top1 >= min_top1,
                    prompt)

@@ -585,6 +585,18 @@ GEMMA_4_31B = {
     "num_kv_shared_layers": 0, "use_double_wide_mlp": False, "hidden_size_per_layer_input": 0,
 }
 
+# openai/whisper-large-v3-turbo, from memory (not checked against the hub): large-v3's 32-layer
+# encoder over 128 mel bins with 4 decoder layers instead of 32; the vocabulary with its 100
+# language tokens; proj_out tied to the token embedding (not stored).
+WHISPER_LARGE_V3_TURBO = {
+    "architectures": ["WhisperForConditionalGeneration"], "model_type": "whisper", "vocab_size": 51866,
+    "num_mel_bins": 128, "d_model": 1280, "encoder_layers": 32, "decoder_layers": 4, "num_hidden_layers": 32,
+    "encoder_attention_heads": 20, "decoder_attention_heads": 20, "encoder_ffn_dim": 5120, "decoder_ffn_dim": 5120,
+    "activation_function": "gelu", "max_source_positions": 1500, "max_target_positions": 448,
+    "scale_embedding": False, "tie_word_embeddings": True, "bos_token_id": 50257, "eos_token_id": 50257,
+    "pad_token_id": 50257, "decoder_start_token_id": 50258, "torch_dtype": "float16",
+}
+
 PRESETS: dict[str, dict] = {
     "Llama-3.2-1B": LLAMA_3_2_1B,
     "Llama-3.1-8B": LLAMA_3_1_8B,
@@ -637,6 +649,7 @@ PRESETS: dict[str, dict] = {
     "Llama-4-Scout-17B-16E-Instruct": LLAMA_4_SCOUT,
     "gemma-4-E2B-it": GEMMA_4_E2B,
     "gemma-4-31B-it": GEMMA_4_31B,
+    "whisper-large-v3-turbo": WHISPER_LARGE_V3_TURBO,
 }
 
 
@@ -1442,6 +1455,54 @@ def gemma4_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     yield "model.norm.weight", (H,)
 
 
+def whisper_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """The hub layout of openai/whisper-*: model.encoder.* (two convolutions, the positional
+    table, the layers), model.decoder.* (token and position tables, layers with encoder_attn)."""
+    d, V = c["d_model"], c["vocab_size"]
+
+    def attention(p: str) -> Iterator[tuple[str, tuple[int, ...]]]:
+        for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            yield f"{p}{proj}.weight", (d, d)
+            if proj != "k_proj":
+                yield f"{p}{proj}.bias", (d,)
+
+    def norm(p: str) -> Iterator[tuple[str, tuple[int, ...]]]:
+        yield f"{p}.weight", (d,)
+        yield f"{p}.bias", (d,)
+
+    def mlp(p: str, ffn: int) -> Iterator[tuple[str, tuple[int, ...]]]:
+        yield p + "fc1.weight", (ffn, d)
+        yield p + "fc1.bias", (ffn,)
+        yield p + "fc2.weight", (d, ffn)
+        yield p + "fc2.bias", (d,)
+
+    e = "model.encoder."
+    yield e + "conv1.weight", (d, c["num_mel_bins"], 3)
+    yield e + "conv1.bias", (d,)
+    yield e + "conv2.weight", (d, d, 3)
+    yield e + "conv2.bias", (d,)
+    yield e + "embed_positions.weight", (c["max_source_positions"], d)
+    for i in range(c["encoder_layers"]):
+        p = f"{e}layers.{i}."
+        yield from attention(p + "self_attn.")
+        yield from norm(p + "self_attn_layer_norm")
+        yield from mlp(p, c["encoder_ffn_dim"])
+        yield from norm(p + "final_layer_norm")
+    yield from norm(e + "layer_norm")
+    t = "model.decoder."
+    yield t + "embed_tokens.weight", (V, d)
+    yield t + "embed_positions.weight", (c["max_target_positions"], d)
+    for i in range(c["decoder_layers"]):
+        p = f"{t}layers.{i}."
+        yield from attention(p + "self_attn.")
+        yield from norm(p + "self_attn_layer_norm")
+        yield from attention(p + "encoder_attn.")
+        yield from norm(p + "encoder_attn_layer_norm")
+        yield from mlp(p, c["decoder_ffn_dim"])
+        yield from norm(p + "final_layer_norm")
+    yield from norm(t + "layer_norm")
+
+
 TENSORS = {
     "llama": llama_tensors, "mistral": llama_tensors, "qwen2": llama_tensors, "qwen3": llama_tensors,
     "granite": llama_tensors, "smollm3": llama_tensors, "seed_oss": llama_tensors, "ernie4_5": llama_tensors,
@@ -1458,7 +1519,7 @@ TENSORS = {
     "apertus": apertus_tensors, "lfm2": lfm2_tensors, "lfm2_moe": lfm2_moe_tensors,
     "qwen3_5_text": qwen3_5_tensors, "granitemoehybrid": granitemoehybrid_tensors, "nemotron_h": nemotron_h_tensors,
     "qwen3_next": qwen3_next_tensors, "falcon_h1": falcon_h1_tensors, "deepseek_v3": deepseek_v3_tensors,
-    "llama4_text": llama4_tensors, "gemma4_text": gemma4_tensors,
+    "llama4_text": llama4_tensors, "gemma4_text": gemma4_tensors, "whisper": whisper_tensors,
 }
 
 
@@ -1533,6 +1594,11 @@ SHRINK = {"vocab_size": 512, "hidden_size": 128, "intermediate_size": 256, "num_
 def shrunk(config: dict) -> dict:
     """The preset with small dimensions (what the tests build): 4 query heads of 64, KV heads in the preset's ratio."""
     c = copy.deepcopy(config)
+    if c["model_type"] == "whisper":  # its own keys; the 1500 encoder positions genai's 3000 frames need stay
+        c.update(vocab_size=512, d_model=128, encoder_layers=2, decoder_layers=2, num_hidden_layers=2,
+                 encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=256, decoder_ffn_dim=256,
+                 max_target_positions=64, bos_token_id=1, eos_token_id=1, pad_token_id=1, decoder_start_token_id=2)
+        return c
     text = c.get("text_config", c)
     heads, kv = text["num_attention_heads"], text["num_key_value_heads"]
     text.update({k: v for k, v in SHRINK.items() if k in text})

@@ -89,7 +89,7 @@ class OnnxDecoder:
         key = self.inputs["past_key_values.0.key"]
         self.layers = sum(1 for n in self.inputs if n.endswith(".key"))
         self.kv_heads, self.head_size = key.shape[1], key.shape[3]
-        self.io_dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16}[key.type]
+        self.io_dtype = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int8)": np.int8}[key.type]
 
     def run(self, ids: list[int], past: dict | None, total: int) -> tuple[np.ndarray, dict]:
         feed = {"input_ids": np.array([ids], np.int64), "attention_mask": np.ones((1, total), np.int64)}

@@ -267,6 +267,8 @@ FAMILY_KEYS = {
     "deepseek_v3": [dict(qk_rope_head_dim=15), dict(q_lora_rank="x"), dict(kv_lora_rank=0)],
     "gemma4": [dict(per_layer_config={"x": {}}), dict(per_layer_config={"1": {"foo": 1}}),
                dict(num_kv_shared_layers=99)],
+    "whisper": [dict(max_source_positions=750), dict(d_model=66), dict(decoder_attention_heads=0),
+                dict(activation_function="swish"), dict(num_mel_bins="80"), dict(decoder_layers=-1)],
 }
 
 
@@ -276,8 +278,9 @@ def family_sources(tmp_path_factory):
     import test_family_gemma4
     import test_family_granitemoehybrid
     import test_family_nemotron_h
+    import test_whisper
 
-    makers = {"nemotron_h": test_family_nemotron_h.make, "granitemoehybrid": test_family_granitemoehybrid.make,
+    makers = {"whisper": test_whisper.make_checkpoint, "nemotron_h": test_family_nemotron_h.make, "granitemoehybrid": test_family_granitemoehybrid.make,
               "deepseek_v3": test_family_deepseek_v3.make, "gemma4": test_family_gemma4.make}
     return {name: make(tmp_path_factory.mktemp(name)) for name, make in makers.items()}
 

@@ -9,11 +9,14 @@ import shutil
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 from conftest import TINY
 from fake_quant import assert_quantized_parity
-from helpers import GENAI_PROMPT, PROMPT, assert_parity, build, make_checkpoint
-from test_flags import assert_refused
+from helpers import GENAI_PROMPT, PROMPT, OnnxDecoder, assert_parity, build, make_checkpoint, reference, relative_error
+from test_flags import EXAMPLE, assert_refused
+
+from builder.provider_kernels import missing, ops_of
 
 # onnxruntime-genai 0.18's builder: provider_options per provider (-e cuda, dml, webgpu, NvTensorRtRtx).
 PROVIDER_OPTIONS = {
@@ -80,13 +83,60 @@ def test_provider_build_has_the_references_contract_and_runs(qwen3, tmp_path, pr
     elif precision == "int4":
         levels = {a["accuracy_level"] for a in attributes(model, "MatMulNBits")}
         assert levels == {0}
-        assert ops["GatherBlockQuantized"] == 1  # the tied lookup reads lm_head's codes
+        # the tied lookup reads lm_head's codes, where the provider has GatherBlockQuantized (not DirectML)
+        assert ops["GatherBlockQuantized"] == (0 if provider == "dml" else 1)
+    assert missing(ops_of(ir.load(out / "model.onnx")), provider) == []  # every node has the provider's kernel
     if precision == "fp16":
         assert_parity(out, qwen3, tolerance=1e-2)
-    elif provider != "trt-rtx":
+    elif provider in ("cuda", "webgpu"):
         assert_quantized_parity(qwen3, out)
-    else:  # symmetric, and the tied lookup reads a float table: builder's own --verify reference
+    else:  # a float lookup beside the rounded lm_head (trt-rtx: symmetric): builder's own --verify reference
         assert_verified(qwen3, out, "-p", "int4", "-e", provider)
+
+
+FAMILIES = {
+    "llama": ("LlamaConfig", {}),
+    "gemma3-windows": ("Gemma3TextConfig", dict(head_dim=32, sliding_window=4, query_pre_attn_scalar=32,
+                                                layer_types=["sliding_attention", "full_attention"])),
+    "qwen3-moe": ("Qwen3MoeConfig", dict(head_dim=32, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, tmp_path_factory):
+    config_class, overrides = FAMILIES[request.param]
+    source = make_checkpoint(tmp_path_factory.mktemp(request.param), config_class, **{**TINY, **overrides})
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # no tokenizer warning beside a refusal
+        shutil.copy(EXAMPLE / name, source / name)
+    return request.param, source
+
+
+@pytest.mark.parametrize("provider", sorted(PROVIDER_OPTIONS))
+def test_families_run_where_the_provider_has_kernels(family, tmp_path, capsys, provider):
+    """Every node of a fp16 build has a kernel on its provider (ONNX Runtime's registrations,
+    builder/provider_kernels.py), or the build says which do not: DirectML has no MoE kernel and
+    refuses; the others run on the CPU with fp16 parity, a prompt past Gemma 3's window included."""
+    name, source = family
+    capsys.readouterr()
+    out = tmp_path / "out"
+    if name == "qwen3-moe" and provider == "dml":
+        assert_refused(capsys, tmp_path, ["-m", source, "-p", "fp16", "-e", provider],
+                       "-e dml: ONNX Runtime's dml provider has no kernel for com.microsoft::MoE")
+        return
+    build(source, out, "-p", "fp16", "-e", provider)
+    gone = missing(ops_of(ir.load(out / "model.onnx")), provider)
+    if name == "qwen3-moe" and provider in ("trt-rtx", "webgpu"):  # float experts: MoE has no kernel there
+        assert gone == ["com.microsoft::MoE"]
+        assert "ONNX Runtime will run those nodes on the CPU" in capsys.readouterr().err
+    else:
+        assert gone == [], gone
+    ids = PROMPT + [3, 14, 15, 92, 65]
+    want, want_step, next_id = reference(source, ids)
+    for got, expected in zip(OnnxDecoder(out).prefill_and_step(ids, next_id), (want, want_step)):
+        assert relative_error(got, expected) < 1e-2
+        top2 = np.sort(expected, axis=-1)[:, -2:]
+        clear = top2[:, 1] - top2[:, 0] > 1e-2 * np.abs(expected).max()  # fp16 may swap a near tie
+        assert (got.argmax(-1) == expected.argmax(-1))[clear].all()
 
 
 def assert_verified(source, out, *flags):

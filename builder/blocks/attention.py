@@ -8,7 +8,7 @@ Rotary tables GroupQueryAttention cannot fuse (an `ExplicitRotary`) rotate q and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx_ir as ir
@@ -16,6 +16,7 @@ import onnx_ir as ir
 from builder.blocks.linear import linear
 from builder.blocks.norm import layer_norm, rms_norm
 from builder.blocks.rope import ExplicitRotary
+from builder.errors import BuildError
 from builder.graph import Graph
 from builder.lazy import Weight
 from builder.target import Target
@@ -82,10 +83,13 @@ class AttentionSpec:
 
 @dataclass(frozen=True)
 class SequenceLengths:
-    """What GroupQueryAttention learns from the attention mask, computed once per model."""
+    """What GroupQueryAttention learns from the attention mask, computed once per model; the mask
+    itself, and the boolean masks ONNX's Attention reads (standard_mask), made once per window."""
 
     seqlens_k: ir.Value  # int32 [batch]: tokens seen so far minus one
     total_sequence_length: ir.Value  # int32 scalar
+    attention_mask: ir.Value | None = None  # int64 [batch, total]
+    masks: dict = field(default_factory=dict, compare=False)  # window (0: none) -> bool (B, 1, S, total)
 
 
 def sequence_lengths(g: Graph, attention_mask: ir.Value) -> SequenceLengths:
@@ -95,7 +99,7 @@ def sequence_lengths(g: Graph, attention_mask: ir.Value) -> SequenceLengths:
         seqlens_k = g.op.Cast(g.op.Sub(summed, g.constant(1, "int64")), to=ir.DataType.INT32)
         total = g.op.Shape(attention_mask, start=1, end=2)  # (1,)
         total = g.op.Cast(g.op.Squeeze(total, g.constant([0], "int64")), to=ir.DataType.INT32)  # ()
-    return SequenceLengths(seqlens_k, total)
+    return SequenceLengths(seqlens_k, total, attention_mask)
 
 
 def _head_norm(g: Graph, x: ir.Value, weight: Weight, heads: int, spec: AttentionSpec, target: Target,
@@ -252,11 +256,23 @@ def group_query_attention(
     """GroupQueryAttention over q, k and v (or the packed projection, k and v None), the KV cache
     read from `past` and written in place; `rotary` (cos, sin) when it rotates q and k itself;
     `attention_bias` (B or 1, 1, S, total) added to the scores, indexed by absolute key position.
-    Returns (out (B, S, num_heads·head_dim), present_key, present_value)."""
-    # Inputs 9-11: position_ids (unused), attention_bias, head_sink.
-    extra = [None, attention_bias, None if sinks is None else g.weight("sinks", sinks.astype(target.io_dtype))]
+    Returns (out (B, S, num_heads·head_dim), present_key, present_value). A standard-ops target
+    runs ONNX's Attention instead (standard_attention)."""
+    if target.standard_ops:
+        if rotary is not None:
+            raise ValueError("a standard-ops target rotates q and k before the attention (ExplicitRotary)")
+        if sinks is not None:
+            raise BuildError("--standard-ops: attention sinks (gpt-oss) have no form in ONNX's Attention; "
+                             "build without --standard-ops")
+        return standard_attention(g, qkv, past, lengths, spec, target, attention_bias)
+    # Inputs 9-13: position_ids (unused), attention_bias, head_sink, k_scale, v_scale (an int8 cache's).
+    scales = g.kv_scales.get(past[0])
+    extra = [None, attention_bias, None if sinks is None else g.weight("sinks", sinks.astype(target.io_dtype)),
+             *(scales or (None, None))]
     while extra and extra[-1] is None:
         extra.pop()
+    quantized = {} if scales is None else {"k_quant_type": target.kv_cache.quant_type,
+                                           "v_quant_type": target.kv_cache.quant_type, "kv_cache_bit_width": 8}
     return g.ms.GroupQueryAttention(
         *qkv, past[0], past[1], lengths.seqlens_k, lengths.total_sequence_length,
         *(rotary if rotary is not None else (None, None)),
@@ -271,7 +287,60 @@ def group_query_attention(
         sliding_window_cache=1 if spec.window and target.windowed_kv_cache else None,
         do_rotary=1 if rotary is not None else 0,
         rotary_interleaved=int(spec.rotary_interleaved) if rotary is not None else None,
+        **quantized,
     )
+
+
+def standard_attention(
+    g: Graph,
+    qkv: tuple[ir.Value, ir.Value | None, ir.Value | None],
+    past: tuple[ir.Value, ir.Value],
+    lengths: SequenceLengths,
+    spec: AttentionSpec,
+    target: Target,
+    attention_bias: ir.Value | None = None,
+) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """ONNX's Attention (opset 24) over q, k and v (B, S, heads·head_dim), q and k already rotated:
+    present = past ‖ new along the sequence (onnxruntime-genai then keeps separate past and
+    present buffers), the causal, padding and window rules in one boolean mask (standard_mask)."""
+    q, k, v = qkv
+    if k is None:  # the packed projection
+        q_dim, kv_dim = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+        q, k, v = g.op.Split(q, g.constant([q_dim, kv_dim, kv_dim], "int64"), axis=-1, _outputs=3)
+    mask = standard_mask(g, q, lengths, spec.window or 0)
+    if attention_bias is not None:  # additive: −∞ where the boolean mask hides, then the bias
+        dtype = np.dtype(target.io_dtype)
+        mask = g.op.Add(g.op.Where(mask, g.constant(0.0, dtype), g.constant(-np.inf, dtype)), attention_bias)
+    return g.op.Attention(q, k, v, mask, past[0], past[1], _outputs=3, q_num_heads=spec.num_heads,
+                          kv_num_heads=spec.num_kv_heads, scale=spec.scale, softcap=spec.softcap or None)
+
+
+def standard_mask(g: Graph, q: ir.Value, lengths: SequenceLengths, window: int) -> ir.Value:
+    """bool (B, 1, S, total): key j is seen by new token i (at index total − S + i of the cache)
+    when j ≤ that index, the attention mask keeps j, and (with a window) the two positions (counted
+    over kept tokens, as GroupQueryAttention counts them) are less than `window` apart; every token
+    also sees itself, so a padding row stays finite. Made once per window size."""
+    if window in lengths.masks:
+        return lengths.masks[window]
+    with g.scope("model", "attn_mask_standard" + (f"_window{window}" if window else "")):
+        i64 = lambda v: g.constant(v, np.int64)  # noqa: E731
+        total = g.op.Shape(lengths.attention_mask, start=1, end=2)  # (1,)
+        new = g.op.Shape(q, start=1, end=2)  # (1,)
+        keys = g.op.Range(i64(0), g.op.Squeeze(total, i64([0])), i64(1))  # (T,)
+        queries = g.op.Range(g.op.Squeeze(g.op.Sub(total, new), i64([0])), g.op.Squeeze(total, i64([0])), i64(1))  # (S,)
+        column = g.op.Unsqueeze(queries, i64([1]))  # (S, 1)
+        causal = g.op.LessOrEqual(keys, column)  # (S, T)
+        kept = g.op.Cast(lengths.attention_mask, to=ir.DataType.BOOL)  # (B, T)
+        seen = g.op.And(g.op.Unsqueeze(causal, i64([0])), g.op.Unsqueeze(kept, i64([1])))  # (B, S, T)
+        if window:
+            positions = g.op.Sub(g.op.CumSum(lengths.attention_mask, i64(1)), i64(1))  # (B, T): kept tokens before
+            query_positions = g.op.Slice(positions, g.op.Sub(total, new), total, i64([1]))  # (B, S)
+            distance = g.op.Sub(g.op.Unsqueeze(query_positions, i64([2])), g.op.Unsqueeze(positions, i64([1])))
+            seen = g.op.And(seen, g.op.Less(distance, i64(window)))  # (B, S, T)
+        itself = g.op.Equal(keys, column)  # (S, T)
+        mask = g.op.Unsqueeze(g.op.Or(seen, itself), i64([1]))  # (B, S, T) -> (B, 1, S, T)
+    lengths.masks[window] = mask
+    return mask
 
 
 def new_token_positions(g: Graph, tokens: ir.Value, lengths: SequenceLengths) -> ir.Value:

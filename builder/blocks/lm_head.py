@@ -48,7 +48,10 @@ def lm_head(
     registered for tied embeddings."""
     with g.scope("lm_head"):
         if isinstance(shared, ir.Value):
-            logits = g.ms.FusedMatMul(x, shared, transB=1)  # (B, S, H) · (V, H)ᵀ
+            if target.standard_ops or not target.provider.fused_matmul:  # ONNX Runtime folds the Transpose at load
+                logits = g.op.MatMul(x, g.op.Transpose(shared, perm=[1, 0]))
+            else:
+                logits = g.ms.FusedMatMul(x, shared, transB=1)  # (B, S, H) · (V, H)ᵀ
             if bias is not None:
                 logits = g.op.Add(logits, g.weight("bias", bias.astype(target.io_dtype)))
         else:

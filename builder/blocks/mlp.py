@@ -3,6 +3,9 @@ two-matrix one of GPT-style decoders (Phi-2, Starcoder2, Nemotron), down(act(up(
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import onnx_ir as ir
 
 from builder.blocks.linear import linear
@@ -14,10 +17,13 @@ from builder.target import Target
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu_new", "gelu", "relu", "relu2")
 
 
-def activation(g: Graph, x: ir.Value, name: str) -> ir.Value:
-    """Hugging Face's ACT2FN[name] as ONNX ops."""
+def activation(g: Graph, x: ir.Value, name: str, target: Target | None = None) -> ir.Value:
+    """Hugging Face's ACT2FN[name] as ONNX ops; GELU in plain ops for a target whose provider has no
+    kernel for ONNX's Gelu (DirectML)."""
     if name == "silu":
         return g.op.Mul(x, g.op.Sigmoid(x))
+    if name in ("gelu_pytorch_tanh", "gelu_new", "gelu") and target is not None and not target.provider.gelu_op:
+        return _gelu_expanded(g, x, tanh=name != "gelu")
     if name in ("gelu_pytorch_tanh", "gelu_new"):  # both the tanh approximation
         return g.op.Gelu(x, approximate="tanh")
     if name == "relu":
@@ -28,6 +34,19 @@ def activation(g: Graph, x: ir.Value, name: str) -> ir.Value:
     if name == "gelu":
         return g.op.Gelu(x)
     raise BuildError(f"unsupported activation {name!r}; supported: {', '.join(ACTIVATIONS)}")
+
+
+def _gelu_expanded(g: Graph, x: ir.Value, tanh: bool) -> ir.Value:
+    """x/2 · (1 + tanh(√(2/π)·(x + 0.044715·x³))), or x/2 · (1 + erf(x/√2)): ONNX's Gelu's definitions."""
+    def c(v: float) -> ir.Value:
+        return g.op.CastLike(g.constant(v, np.float32), x)
+
+    if tanh:
+        inner = g.op.Mul(g.op.Add(x, g.op.Mul(c(0.044715), g.op.Mul(x, g.op.Mul(x, x)))), c(math.sqrt(2 / math.pi)))
+        core = g.op.Tanh(inner)
+    else:
+        core = g.op.Erf(g.op.Mul(x, c(1 / math.sqrt(2))))
+    return g.op.Mul(g.op.Mul(x, c(0.5)), g.op.Add(core, c(1.0)))
 
 
 def gated_mlp(
@@ -42,7 +61,7 @@ def gated_mlp(
     with g.scope("up_proj"):
         up_out = linear(g, x, up, target, up_b)
     with g.scope("act_fn"):
-        h = g.op.Mul(activation(g, gate_out, act), up_out)
+        h = g.op.Mul(activation(g, gate_out, act, target), up_out)
     with g.scope("down_proj"):
         return linear(g, h, down, target, down_b)
 
@@ -56,6 +75,6 @@ def plain_mlp(
     with g.scope(names[0]):
         h = linear(g, x, up, target, biases[0])
     with g.scope("act_fn"):
-        h = activation(g, h, act)
+        h = activation(g, h, act, target)
     with g.scope(names[1]):
         return linear(g, h, down, target, biases[1])

@@ -1,7 +1,9 @@
 """RMSNorm and LayerNorm, and each fused with the residual add before it.
 
 RMSNorm is ONNX Runtime's SimplifiedLayerNormalization / SkipSimplifiedLayerNormalization,
-LayerNorm ONNX's LayerNormalization / ONNX Runtime's SkipLayerNormalization. All compute their
+LayerNorm ONNX's LayerNormalization / ONNX Runtime's SkipLayerNormalization; a standard-ops
+target uses ONNX's RMSNormalization and a separate Add, a provider without the fused norms
+(TensorRT-RTX) RMSNorm in plain ops. All compute their
 statistics in float32 whatever the IO dtype (stash_type=1), as Hugging Face's norms do.
 """
 
@@ -21,6 +23,8 @@ def rms_norm(
     """y = x / sqrt(mean(x², last axis) + eps) · weight; `x`, the weight and y are in `dtype`
     (default: the IO dtype)."""
     w = g.weight("weight", weight.astype(dtype or target.io_dtype))
+    if target.standard_ops:  # ONNX's own (opset 23)
+        return g.op.RMSNormalization(x, w, axis=-1, epsilon=float(eps), stash_type=1)
     if not target.provider.fused_norms:
         return _rms_norm_expanded(g, x, w, eps)
     return g.op.SimplifiedLayerNormalization(x, w, axis=-1, epsilon=float(eps), stash_type=1)
@@ -41,7 +45,7 @@ def skip_rms_norm(
 ) -> tuple[ir.Value, ir.Value]:
     """(rms_norm(x + residual), x + residual): the residual add fused into the norm; inputs,
     weight and outputs in `dtype` (default: the IO dtype)."""
-    if not target.provider.fused_norms:
+    if target.standard_ops or not target.provider.fused_norms:
         total = g.op.Add(x, residual)
         return rms_norm(g, total, weight, eps, target, dtype), total
     w = g.weight("weight", weight.astype(dtype or target.io_dtype))
@@ -66,7 +70,7 @@ def skip_layer_norm(
     target: Target, dtype: np.dtype | None = None, hidden: int | None = None,
 ) -> tuple[ir.Value, ir.Value]:
     """(layer_norm(x + residual), x + residual): the residual add fused into the norm."""
-    if not target.provider.fused_norms:
+    if target.standard_ops or not target.provider.fused_norms:
         total = g.op.Add(x, residual)
         return layer_norm(g, total, weight, bias, eps, target, dtype, hidden), total
     dtype = np.dtype(dtype or target.io_dtype)

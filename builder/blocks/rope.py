@@ -182,8 +182,8 @@ def rotary_tables(
     cos, sin = rope.caches(target.positions(max_positions), target.io_dtype)
     with g.scope("model", "rotary_emb"):
         tables = g.weight(f"{name}cos_cache", cos), g.weight(f"{name}sin_cache", sin)
-    if explicit or rope.rotary_dim % 16 or not target.provider.fused_rotary:
-        return ExplicitRotary(*tables, rope.rotary_dim)
+    if explicit or rope.rotary_dim % 16 or not target.provider.fused_rotary or target.standard_ops:
+        return ExplicitRotary(*tables, rope.rotary_dim, target.standard_ops)
     return tables
 
 
@@ -195,6 +195,7 @@ class ExplicitRotary:
     cos: ir.Value
     sin: ir.Value
     rotary_dim: int
+    standard: bool = False  # ONNX's RotaryEmbedding (opset 23) instead of com.microsoft's
     _positions: list[ir.Value] = field(default_factory=list, repr=False)  # computed once per model
 
     def __iter__(self):
@@ -222,6 +223,9 @@ class ExplicitRotary:
         """(B, S, heads·head_dim) -> the same, the first rotary_dim of each head rotated (rotate_half
         halves, or pairs when `interleaved`), the rest passed through, as transformers' partial rotary."""
         positions = self.positions(g, x, seqlens_k)
+        if self.standard:
+            return g.op.RotaryEmbedding(x, self.cos, self.sin, positions, num_heads=heads,
+                                        rotary_embedding_dim=self.rotary_dim, interleaved=int(interleaved))
         return g.ms.RotaryEmbedding(x, positions, self.cos, self.sin, num_heads=heads,
                                     rotary_embedding_dim=self.rotary_dim, interleaved=int(interleaved))
 
@@ -275,7 +279,7 @@ def multimodal_rotary(g: Graph, rope: Rope, max_positions: int, position_ids: ir
         shape = g.op.Shape(position_ids, start=1, end=3)  # (2,): B, S
         count = g.op.ReduceProd(shape, keepdims=0)  # B·S
         places = g.op.Reshape(g.op.Range(g.constant(0, "int64"), count, g.constant(1, "int64")), shape)  # (B, S)
-    return MultimodalRotary(*per_token, rope.rotary_dim, [places])
+    return MultimodalRotary(*per_token, rope.rotary_dim, _positions=[places])
 
 
 def rotary_tables_by_layer_type(
@@ -314,7 +318,7 @@ def longrope_tables(
                              else_branch=_select(short, long, "short"), _outputs=2)
         else:  # providers without If (DirectML, TensorRT-RTX): both tables read, one kept
             tables = tuple(g.op.Where(is_long, b, a) for a, b in zip(short, long))
-    return ExplicitRotary(*tables, short.rotary_dim) if isinstance(short, ExplicitRotary) else tables
+    return ExplicitRotary(*tables, short.rotary_dim, short.standard) if isinstance(short, ExplicitRotary) else tables
 
 
 def _select(short: tuple[ir.Value, ir.Value], long: tuple[ir.Value, ir.Value], which: str) -> ir.Graph:
