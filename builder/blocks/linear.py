@@ -161,10 +161,10 @@ def _stored_blocks(g: Graph, weight: Weight, scale_dtype: np.dtype, qdq: bool) -
     def compute() -> dict[str, np.ndarray]:
         with contextlib.ExitStack() as stack:
             data, scales, zero_points, offsets = b.compute(stack)
-            # Copies that own their memory: the sources are views of mapped file pages.
-            parts = {"data": np.array(data, np.uint8), "scales": np.array(scales, scale_dtype)}
+            # Arrays that own their memory: a source may be a view of mapped file pages, closed here.
+            parts = {"data": _owned(data, np.uint8), "scales": _owned(scales, scale_dtype)}
             if zero_points is not None:
-                parts["zero_points"] = np.array(zero_points, np.uint8)
+                parts["zero_points"] = _owned(zero_points, np.uint8)
             if offsets is not None:
                 parts["offsets"] = np.ascontiguousarray(offsets.T, scale_dtype)  # [N, k_blocks] -> [k_blocks, N]
             return qdq_parts(parts, k, b.bits, b.block_size) if qdq else parts
@@ -180,6 +180,19 @@ def _stored_blocks(g: Graph, weight: Weight, scale_dtype: np.dtype, qdq: bool) -
         order = g.weight("input_order", Weight.constant(np.asarray(b.input_order, np.int64)))
     return QuantizedValues(register("data"), register("scales"), register("zero_points") if b.zero_points else None,
                            n, k, b.bits, b.block_size, register("offsets") if b.offsets else None, order, qdq)
+
+
+def _owned(array, dtype) -> np.ndarray:
+    """`array` as a C-contiguous array of `dtype` whose memory no mapped file backs: as it is when
+    it was computed (a GGUF tensor's decoded codes: no second copy of the largest tensor), else a copy."""
+    a = np.asarray(array)
+    base = a
+    while isinstance(base, np.ndarray) and base.base is not None:
+        base = base.base
+    computed = isinstance(base, np.ndarray) and not isinstance(base, np.memmap)
+    if computed and a.dtype == dtype and a.flags.c_contiguous:
+        return a
+    return np.array(a, dtype)
 
 
 def matmul_nbits(g: Graph, x: ir.Value, m: QuantizedValues, target: Target) -> ir.Value:
