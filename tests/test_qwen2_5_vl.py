@@ -453,3 +453,19 @@ def test_verify_runs_a_text_prompt_and_an_image_prompt(source, tmp_path, capsys,
     assert all(line.endswith("PASS") for line in lines), lines
     if precision == "fp32":
         assert all("cosine 1.000000" in line and "top-1 agreement 100%" in line for line in lines), lines
+
+
+def test_a_checkpoint_without_its_vision_tower_builds_the_decoder(source, tmp_path):
+    # A text-only copy (no visual.* tensors): the decoder alone, a `qwen2` one reading input_ids.
+    from safetensors.numpy import load_file, save_file
+
+    folder = tmp_path / "src"
+    folder.mkdir()
+    for f in source.iterdir():
+        if f.suffix != ".safetensors":
+            (folder / f.name).write_bytes(f.read_bytes())
+    tensors = {k: v for k, v in load_file(source / "model.safetensors").items() if not k.startswith("visual.")}
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    out = build(folder, tmp_path / "out", "-p", "fp32")
+    config = json.loads((out / "genai_config.json").read_text())["model"]
+    assert not (out / "vision.onnx").exists() and config["type"] == "qwen2" and "vision" not in config
