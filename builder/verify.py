@@ -143,11 +143,13 @@ def _reference_model(folder: Path, options: BuildOptions, quiet: bool = False):
     q = target.quantization
     if q is not None:
         with torch.no_grad():
+            was_tied = _tied(model)
             untied = _untie_float_lookup(model, q, target.provider.quantized_gather and not target.standard_ops)
-            if target.standard_ops and (untied or q.embeddings):  # its own 8-bit lookup (blocks/vocabulary.py)
+            bits = _lookup_bits(q, target, untied, was_tied)
+            if bits is not None:  # a lookup table quantized on its own (blocks/embedding.py, vocabulary.py)
                 table = model.get_input_embeddings().weight.numpy()
-                m = quantize(table, 8, q.block_size, q.symmetric, np.float32, q.method)
-                table[...] = dequantize(m, table.shape[1], 8)
+                m = quantize(table, bits, q.block_size, q.symmetric, np.float32, q.method)
+                table[...] = dequantize(m, table.shape[1], bits)
             for name, module in model.named_modules():
                 if (not isinstance(module, torch.nn.Linear) or any(part in name for part in FLOAT_TOWERS)
                         or name.endswith(FLOAT_ROUTERS)):
@@ -165,6 +167,26 @@ def _reference_model(folder: Path, options: BuildOptions, quiet: bool = False):
                     m = quantize(table, 8, q.block_size, True, np.float32, "rtn")
                     table[...] = dequantize(m, table.shape[1], 8)
     return model
+
+
+def _tied(model) -> bool:
+    head = model.get_output_embeddings()
+    return head is not None and model.get_input_embeddings().weight is head.weight
+
+
+def _lookup_bits(q, target, untied: bool, was_tied: bool) -> int | None:
+    """The bits the build quantizes the token lookup table to on its own, or None where it is float
+    or rounded with lm_head: a standard-ops build's tied lookup (8-bit: ONNX's Gather has no 4-bit
+    type); an untied table with --quantize-embeddings, or among an int4 build's int8 layers (the
+    mixed preset's `*embed_tokens`), where the provider has GatherBlockQuantized."""
+    if was_tied:
+        return 8 if untied and target.standard_ops else None
+    if not (target.provider.quantized_gather or target.standard_ops):
+        return None
+    bits = q.bits_for("model.embed_tokens", ("model.embed_tokens",))
+    if (q.embeddings and q.bits == 4) or (q.bits == 4 and bits == 8):
+        return 8 if target.standard_ops else bits
+    return None
 
 
 def _untie_float_lookup(model, q, quantized_gather: bool = True) -> bool:
