@@ -178,3 +178,22 @@ def test_packages_are_refused(tmp_path, capsys):
     source = make_whisper(tmp_path / "whisper")
     assert main(["-m", str(source), "-p", "fp32", "--prune-lm-head", "--dry-run"]) == 2
     assert "--prune-lm-head" in capsys.readouterr().err
+
+
+def test_genai_refuses_ngram_decoding_on_it(llama):
+    # Why it is not the default: n-gram speculative decoding verifies each drafted token against the
+    # logits of its position, and onnxruntime-genai 0.18 refuses a model that returns the last alone.
+    import onnxruntime_genai as og
+
+    def ngram(folder):
+        config = og.Config(str(folder))
+        config.overlay(json.dumps({"speculative": {"ngram_size": 3, "max_draft_tokens": 4}}))
+        model = og.Model(config)
+        params = og.GeneratorParams(model)
+        params.set_search_options(do_sample=False, max_length=MAX_LENGTH)
+        og.Generator(model, params).append_tokens(np.array([GENAI_PROMPT], np.int32))
+
+    _, full, pruned = llama
+    ngram(full)
+    with pytest.raises(RuntimeError, match="pruned last-token-only"):
+        ngram(pruned)
