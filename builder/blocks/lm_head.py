@@ -44,12 +44,12 @@ def last_positions(g: Graph, h: ir.Value, seqlens_k: ir.Value) -> ir.Value:
     onnxruntime-genai samples from, so lm_head multiplies one row per sequence instead of S.
 
     The last real token of row b is min(seqlens_k[b], S - 1). genai pads a batch of prompts on the
-    right (its attention mask is 0 over the trailing pad ids), and prefills a batch once, with no
-    past (Generator::AppendTokens refuses a second call for a batch): there seqlens_k (real tokens - 1) is the row's last real column, not S - 1 (the padding's,
-    which is what the reference builder's Gather(-1) takes). Everywhere else the input has no
-    padding after a real token and seqlens_k (tokens seen - 1) >= S - 1: another append_tokens of a
-    batch of one, each chunk of a chunked prefill, every decode step (a right-padded row's mask has
-    zeros before its new token there).
+    right (its attention mask is 0 over the trailing pad ids) and prefills a batch once, with no past
+    (Generator::AppendTokens refuses a second call for a batch): there seqlens_k (real tokens - 1)
+    is the row's last real column, not S - 1 (the padding's, which the reference builder's
+    Gather(-1) takes). Everywhere else no padding follows a real token and seqlens_k (tokens seen
+    - 1) >= S - 1: another append_tokens of a batch of one, each chunk of a chunked prefill, every
+    decode step (a right-padded row's mask has zeros before its new token there).
     """
     with g.scope("lm_head", "last_position"):
         last = g.op.Sub(g.op.Shape(h, start=1, end=2), g.constant([1], "int64"))  # (1,): S - 1
