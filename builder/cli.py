@@ -249,6 +249,7 @@ EXTRA_OPTIONS = {
     "is_symmetric": ("symmetric", _bool), "int4_is_symmetric": ("symmetric", _bool),
     "windowed_kv_cache": ("windowed_kv_cache", _bool),
     "use_qdq": ("qdq", _bool),
+    "prune_lm_head": ("prune_lm_head", _bool),
     "kv_cache_quant_scheme": ("kv_cache", lambda v: {"none": "float", "int8_per_tensor": "int8-per-tensor",
                                                      "int8_per_channel": "int8-per-channel"}[v.lower()]),
     "kv_cache_scale_file": ("kv_cache_scales", str),
@@ -257,7 +258,7 @@ EXTRA_OPTIONS = {
 EXTRA_OPTIONS_AS_DEFAULT = {
     "exclude_embeds": False,  # genai: take inputs_embeds instead of input_ids
     "exclude_lm_head": False,  # genai: output hidden_states instead of logits (not ours: lm_head in float)
-    "include_hidden_states": False, "prune_lm_head": False, "disable_qkv_fusion": False,
+    "include_hidden_states": False, "disable_qkv_fusion": False,
     "enable_cuda_graph": False, "use_cuda_bf16": False,
     "hf_remote": False,  # builder never runs a checkpoint's own code
     "filename": "model.onnx",

@@ -12,7 +12,8 @@ The shared body (`Family.build`) records, in this order: the rotary tables (`rot
 sequence lengths GroupQueryAttention reads (made the first time a hook asks, so a LongRoPE table
 that needs them comes after them), `prepare` (anything the layers share), the vocabulary, the
 embedding (`embed`), the residual stream (`stream`), each layer (`layer(d, w, i)` -> its present
-key and value), the final norm (`final_norm`) and the logits (`logits`). Every hook takes the
+key and value), the final norm (`final_norm`) and the logits (`logits`), of each row's last real
+token alone where the target says so (Target.last_logits_only). Every hook takes the
 per-build `Decoder`, so a layer function reads like the modeling file's forward:
 
     def decoder_layer(d: Decoder, w: Weights, i: int):
@@ -32,6 +33,7 @@ import onnx_ir as ir
 
 from builder.architecture import Weights, decoder_layers, vocabulary
 from builder.blocks.attention import SequenceLengths, sequence_lengths
+from builder.blocks.lm_head import last_positions
 from builder.blocks.residual import ResidualStream
 from builder.blocks.rope import Rope, rotary_tables, rotary_tables_by_layer_type
 from builder.blocks.short_conv import Padding, padding
@@ -185,7 +187,10 @@ class Family:
         d.stream = self.stream(d, self.embed(d))
         prefix = self.prefix(d) if callable(self.prefix) else self.prefix
         presents = decoder_layers(g, ckpt, c.num_hidden_layers, lambda i, w: self.layer(d, w, i), prefix, self.weights)
-        return self.logits(d, self.final_norm(d)), presents
+        h = self.final_norm(d)
+        if target.last_logits_only:  # (B, S, H) -> (B, 1, H): lm_head for the row genai samples from
+            h = last_positions(g, h, d.lengths.seqlens_k)
+        return self.logits(d, h), presents
 
 
 FAMILIES: dict[str, Family] = {}

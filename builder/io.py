@@ -127,11 +127,14 @@ class DecoderIO:
         positions = [] if self.position_ids is None else [self.position_ids]
         return [self.token_input, self.attention_mask, *positions, *(v for state in states for v in state)]
 
-    def outputs(self, logits: ir.Value, vocab_size: int, presents: list[tuple[ir.Value, ir.Value]]) -> list[ir.Value]:
-        """Names and types the final values as the contract's outputs."""
+    def outputs(self, logits: ir.Value, vocab_size: int, presents: list[tuple[ir.Value, ir.Value]],
+                last_only: bool = False) -> list[ir.Value]:
+        """Names and types the final values as the contract's outputs. `last_only`: logits of each
+        row's last token alone, (batch, 1, vocab): onnxruntime-genai reads that fixed 1 as a pruned
+        model (Model::IsPruned) and takes the row as the one to sample from."""
         logits.name = "logits"
         logits.type = ir.TensorType(ir.DataType.from_numpy(logits_dtype(self.io_dtype)))
-        logits.shape = ir.Shape((BATCH, SEQUENCE, vocab_size))
+        logits.shape = ir.Shape((BATCH, 1 if last_only else SEQUENCE, vocab_size))
         for i, present in enumerate(presents):
             if self.past[i] is not None:
                 heads, size = self.kv_dims_of(i)

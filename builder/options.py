@@ -134,6 +134,10 @@ class BuildOptions:
     standard_ops: bool = option(False, bool, "only standard ONNX operators (opset 24: Attention with past/present KV, "
                                 "RotaryEmbedding, RMSNormalization, DequantizeLinear weights): the model any conforming "
                                 "runtime loads; cpu only, models with contrib-only parts (experts, linear attention) refused")
+    prune_lm_head: bool = option(False, bool, "logits of each sequence's last token only, [batch, 1, vocab]: "
+                                 "what onnxruntime-genai samples from, for a prefill lm_head over one row per "
+                                 "sequence instead of every prompt token (get_output('logits') then holds that row "
+                                 "alone; text decoders only)")
     text_only: bool = option(False, bool, "image-and-text models (Gemma 3 4b/12b/27b): build the text decoder "
                              "alone instead of the multimodal package (vision, embedding and decoder models)")
     cache_dir: str | None = option(None, str, "Hugging Face cache folder for downloads (default: huggingface_hub's, "
@@ -265,7 +269,7 @@ class BuildOptions:
         return Target(
             io_dtype=_DTYPES[self.resolved_io_dtype], execution_provider=ep, quantization=quantization,
             windowed_kv_cache=self.windowed_kv_cache, context_length=self.context_length,
-            standard_ops=self.standard_ops,
+            standard_ops=self.standard_ops, last_logits_only=self.prune_lm_head,
         )
 
     def to_dict(self) -> dict[str, Any]:

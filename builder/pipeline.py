@@ -129,6 +129,10 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
 
     g = Graph()
     check_windowed_cache(info, options.windowed_kv_cache, options.search)
+    if target.last_logits_only and (package is not None or family.decoder is not None):
+        raise BuildError(f"--prune-lm-head: {names[0]}'s package (encoder and decoder models) is not proved "
+                         "with last-position logits; build it without --prune-lm-head"
+                         + (" or build the text decoder alone (--text-only)" if family.decoder is None else ""))
     if family.decoder is not None:  # a decoder with I/O of its own (Whisper's)
         if package is None:
             raise BuildError(f"{names[0]}'s decoder runs only beside its encoder: build the whole package "
@@ -152,7 +156,7 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
         if options.kv_cache != "float":
             target = _with_kv_scales(g, io, info, target, options)
         logits, presents = family.build(g, io, checkpoint, config, target)
-        inputs, outputs = io.inputs, io.outputs(logits, info.vocab_size, presents)
+        inputs, outputs = io.inputs, io.outputs(logits, info.vocab_size, presents, target.last_logits_only)
     checkpoint.check_consumed(family.ignored if package is None else package.ignored)
     if target.quantization is not None:
         check_float_layers(target.quantization.float_layers, g.linears)

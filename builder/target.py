@@ -129,6 +129,9 @@ class Target:
         standard_ops: only operators of the default ONNX domain (opset 24): RMSNormalization,
             RotaryEmbedding and Attention with past and present KV, QDQ weights.
         kv_cache: an int8 KV cache's per-layer scales (builder.kv_cache), or None for a float cache.
+        last_logits_only: logits of each sequence's last real token alone, [batch, 1, vocab]
+            (--prune-lm-head): onnxruntime-genai samples from nothing else, and lm_head then
+            multiplies one row per sequence in a prefill instead of every prompt token.
     """
 
     io_dtype: np.dtype
@@ -138,6 +141,7 @@ class Target:
     context_length: int | None = None
     standard_ops: bool = False
     kv_cache: KVCacheQuantization | None = None
+    last_logits_only: bool = False
 
     @property
     def provider(self) -> Provider:

@@ -345,7 +345,8 @@ def verify(options: BuildOptions, output: Path, folder: Path, quiet: bool = Fals
         first = run(prefill_feed, None, len(prompt_ids))
         second = run(step_feed, first, len(prompt_ids) + 1)
         got = np.concatenate([first["logits"][0], second["logits"][0]]).astype(np.float64)
-        want = np.concatenate([ref.logits[0].numpy(), ref_step.logits[0].numpy()]).astype(np.float64)
+        rows = first["logits"].shape[1]  # the prompt's positions, or its last alone (--prune-lm-head)
+        want = np.concatenate([ref.logits[0, -rows:].numpy(), ref_step.logits[0].numpy()]).astype(np.float64)
         return _verdict(got, want, options, prompt)
 
     verdicts = [compare(ids, {}, embed(np.array([ids], np.int64)))]

@@ -39,6 +39,26 @@ def shared_vocabulary(g: Graph, weight: Weight, target: Target) -> Shared | None
         return quantized_weight(g, weight, q, target.io_dtype, q.bits_for("lm_head", source_modules(weight.sources)))
 
 
+def last_positions(g: Graph, h: ir.Value, seqlens_k: ir.Value) -> ir.Value:
+    """Each row's hidden state at its last real token, (B, S, H) -> (B, 1, H): all that
+    onnxruntime-genai samples from, so lm_head multiplies one row per sequence instead of S.
+
+    The last real token of row b is min(seqlens_k[b], S - 1). genai pads a batch of prompts on the
+    right (its attention mask is 0 over the trailing pad ids) and prefills a batch once, with no past
+    (Generator::AppendTokens refuses a second call for a batch): there seqlens_k (real tokens - 1)
+    is the row's last real column, not S - 1 (the padding's, which the reference builder's
+    Gather(-1) takes). Everywhere else no padding follows a real token and seqlens_k (tokens seen
+    - 1) >= S - 1: another append_tokens of a batch of one, each chunk of a chunked prefill, every
+    decode step (a right-padded row's mask has zeros before its new token there).
+    """
+    with g.scope("lm_head", "last_position"):
+        last = g.op.Sub(g.op.Shape(h, start=1, end=2), g.constant([1], "int64"))  # (1,): S - 1
+        seen = g.op.Cast(seqlens_k, to=ir.DataType.INT64)  # (B,)
+        row = g.op.Where(g.op.Less(seen, last), seen, last)  # (B,): the smaller (webgpu has no Min kernel)
+        row = g.op.Unsqueeze(row, g.constant([1, 2], "int64"))  # (B,) -> (B, 1, 1)
+        return g.op.GatherND(h, row, batch_dims=1)  # (B, S, H) -> (B, 1, H)
+
+
 def lm_head(
     g: Graph, x: ir.Value, weight: Weight, target: Target,
     softcap: float | None = None, shared: Shared | None = None, bias: Weight | None = None,
