@@ -7,7 +7,8 @@ run after the prompt). With --depth-decode (the default) each round also runs ll
 the same depth as ours (`-p 0 -n N -d P`), the like-for-like decode number. Both sides use T
 threads: llama-bench through -t, onnxruntime-genai through session_options.intra_op_num_threads,
 overlaid on the folder's genai_config.json (the folder is not changed). Rounds alternate so a busier
-moment of a shared machine costs both alike; the load average is printed with each round.
+moment of a shared machine costs both alike; the load average is printed with each round, and the
+summary gives the medians of each side and the median of the per-round ratios.
 
     python scripts/llama_cpp_bench.py --llama-bench /work/llamacpp/.../build/bin/llama-bench \\
         --gguf model.gguf --ours /work/bench/smol-int4 --rounds 3
@@ -88,10 +89,18 @@ def main(argv: list[str] | None = None) -> int:
     print("ranges: " + ", ".join(f"{k} {min(v):.1f}-{max(v):.1f}" for k, v in rows.items() if v))
     print(f"llama.cpp: prefill {med['lc_pp']:.1f} tok/s, decode {med['lc_tg']:.2f} tok/s (empty cache)"
           + (f", decode {med['lc_tg_d']:.2f} tok/s (after {args.prompt} tokens)" if args.depth_decode else ""))
-    print(f"ours:      prefill {med['our_pp']:.1f} tok/s, decode {med['our_tg']:.2f} tok/s (after {args.prompt} tokens)")
+    print(f"ours:      prefill {med['our_pp']:.1f} tok/s, decode {med['our_tg']:.2f} tok/s "
+          f"(after {args.prompt} tokens)")
     print(f"ours / llama.cpp: prefill {med['our_pp'] / med['lc_pp']:.2f}, decode {med['our_tg'] / med['lc_tg']:.2f}"
           + (f" (against decode after {args.prompt} tokens: {med['our_tg'] / med['lc_tg_d']:.2f})"
              if args.depth_decode else ""))
+
+    def per_round(ours: str, theirs: str) -> float:  # each round against its neighbour: the load moves between rounds
+        return statistics.median(a / b for a, b in zip(rows[ours], rows[theirs]))
+
+    print(f"medians of per-round ratios: prefill {per_round('our_pp', 'lc_pp'):.2f}, "
+          f"decode {per_round('our_tg', 'lc_tg'):.2f}"
+          + (f" (after {args.prompt} tokens: {per_round('our_tg', 'lc_tg_d'):.2f})" if args.depth_decode else ""))
     return 0
 
 
