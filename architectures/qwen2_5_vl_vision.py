@@ -38,7 +38,7 @@ from builder.hf_config import from_dict
 from builder.inputs.source import Checkpoint
 from builder.target import Target
 
-__all__ = ["TOWER_PREFIXES", "Patches", "Qwen2_5_VLVisionConfig", "attention", "build", "parse_config", "patches",
+__all__ = ["TOWER_PREFIXES", "Patches", "Qwen2_5_VLVisionConfig", "VisionGeometry", "attention", "build", "parse_config", "patches",
            "same_key_bias", "vision_model", "vision_rotary"]
 
 # The hub's layout, then transformers 5's module path.
@@ -46,8 +46,37 @@ TOWER_PREFIXES = ("visual.", "model.visual.")
 NORM_EPS = 1e-6  # Qwen2_5_VLVisionBlock's and the merger's RMSNorm
 
 
+class VisionGeometry:
+    """What both Qwen-VL encoders derive from their vision_config (Qwen3-VL's reuses it): the head
+    size, one flattened patch, the rotary base, and the checks they share."""
+
+    def check_heads(self) -> None:
+        """Heads that the 2-D rotary can split in four."""
+        if self.hidden_size % self.num_heads or self.head_dim % 4:
+            raise ValueError(f"vision_config: hidden_size {self.hidden_size} over num_heads {self.num_heads} is not "
+                             "a head size divisible by 4 (the 2-D rotary splits it into four)")
+
+    def check_blocks(self, blocks: list[int], key: str) -> None:
+        """`blocks` (the config list `key`) within the depth."""
+        if any(not 0 <= i < self.depth for i in blocks):
+            raise ValueError(f"vision_config: {key} {blocks} name blocks outside 0..{self.depth - 1}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def patch_values(self) -> int:
+        """One flattened patch: C·T·P·P."""
+        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
+
+    @property
+    def rope_theta(self) -> float:
+        return float(self.rope_parameters.get("rope_theta", 10_000.0))
+
+
 @dataclass(frozen=True)
-class Qwen2_5_VLVisionConfig:
+class Qwen2_5_VLVisionConfig(VisionGeometry):
     """config.json's `vision_config` (Qwen2_5_VLVisionConfig's keys and defaults; the hub's older
     `in_chans` read as in_channels)."""
 
@@ -67,33 +96,16 @@ class Qwen2_5_VLVisionConfig:
     rope_parameters: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.hidden_size % self.num_heads or self.head_dim % 4:
-            raise ValueError(f"vision_config: hidden_size {self.hidden_size} over num_heads {self.num_heads} is not "
-                             "a head size divisible by 4 (the 2-D rotary splits it into four)")
+        self.check_heads()
         if self.window_size < self.spatial_merge_size * self.patch_size:
             raise ValueError(f"vision_config: window_size {self.window_size} is smaller than one merged patch "
                              f"({self.spatial_merge_size} x {self.patch_size} pixels)")
-        if any(not 0 <= i < self.depth for i in self.fullatt_block_indexes):
-            raise ValueError(f"vision_config: fullatt_block_indexes {self.fullatt_block_indexes} name blocks "
-                             f"outside 0..{self.depth - 1}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def patch_values(self) -> int:
-        """One flattened patch: C·T·P·P."""
-        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
+        self.check_blocks(self.fullatt_block_indexes, "fullatt_block_indexes")
 
     @property
     def window_units(self) -> int:
         """A window's side in merged patches (get_vision_window_index's vit_merger_window_size)."""
         return self.window_size // self.spatial_merge_size // self.patch_size
-
-    @property
-    def rope_theta(self) -> float:
-        return float(self.rope_parameters.get("rope_theta", 10_000.0))
 
 
 def parse_config(raw: dict[str, Any]) -> Qwen2_5_VLVisionConfig:

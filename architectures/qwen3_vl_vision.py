@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from architectures.qwen2_5_vl_vision import TOWER_PREFIXES, Patches, attention, patches, same_key_bias, vision_rotary
+from architectures.qwen2_5_vl_vision import (TOWER_PREFIXES, Patches, VisionGeometry, attention, patches,
+                                             same_key_bias, vision_rotary)
 from builder.architecture import Weights, prefix_holding
 from builder.blocks import ResidualStream, activation, layer_norm, linear, plain_mlp
 from builder.config_checks import config_object
@@ -36,7 +37,7 @@ NORM_EPS = 1e-6  # Qwen3VLVisionBlock's and the mergers' LayerNorms
 
 
 @dataclass(frozen=True)
-class Qwen3VLVisionConfig:
+class Qwen3VLVisionConfig(VisionGeometry):
     """config.json's `vision_config` (Qwen3VLVisionConfig's keys and defaults)."""
 
     depth: int = 27
@@ -54,31 +55,15 @@ class Qwen3VLVisionConfig:
     rope_parameters: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.hidden_size % self.num_heads or self.head_dim % 4:
-            raise ValueError(f"vision_config: hidden_size {self.hidden_size} over num_heads {self.num_heads} is not "
-                             "a head size divisible by 4 (the 2-D rotary splits it into four)")
+        self.check_heads()
         if math.isqrt(self.num_position_embeddings) ** 2 != self.num_position_embeddings:
             raise ValueError(f"vision_config: num_position_embeddings {self.num_position_embeddings} is not a square "
                              "grid")
-        if any(not 0 <= i < self.depth for i in self.deepstack_visual_indexes):
-            raise ValueError(f"vision_config: deepstack_visual_indexes {self.deepstack_visual_indexes} name blocks "
-                             f"outside 0..{self.depth - 1}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def patch_values(self) -> int:
-        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
+        self.check_blocks(self.deepstack_visual_indexes, "deepstack_visual_indexes")
 
     @property
     def grid_side(self) -> int:
         return math.isqrt(self.num_position_embeddings)
-
-    @property
-    def rope_theta(self) -> float:
-        return float(self.rope_parameters.get("rope_theta", 10_000.0))
 
     @property
     def features_width(self) -> int:
