@@ -338,14 +338,21 @@ def test_int4_decoder_matches_fake_quantized_transformers(source, image, tmp_pat
     # The decoder's linears and lm_head in 4 bits (accuracy level 0: float32 compute); the vision
     # model stays float. transformers with the same weights rounded by ONNX Runtime's quantizer.
     import onnx
-    from fake_quant import cosine, fake_quantize
 
     out = build(source, tmp_path / "int4", "-p", "int4", "--accuracy-level", "0", "--quant-method", "rtn", "--symmetric")
     vision_ops = {n.op_type for n in onnx.load(out / "vision.onnx", load_external_data=False).graph.node}
     assert "MatMulNBits" not in vision_ops
+    assert_int4_decoder_matches(out, source, image, transformers.Qwen2_5_VLForConditionalGeneration)
+
+
+def assert_int4_decoder_matches(out, source, image, model_class):
+    """The int4 package (rtn, symmetric, blocks of 32, level 0) against `model_class` with every
+    decoder linear rounded by ONNX Runtime's quantizer and the vision tower float."""
+    from fake_quant import cosine, fake_quantize
+
     _, inputs = genai_inputs(out, image)
     ids, pixels, grid = arrays(inputs)
-    model = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(source, dtype=torch.float32).eval()
+    model = model_class.from_pretrained(source, dtype=torch.float32).eval()
     with torch.no_grad():
         for name, module in model.named_modules():
             if isinstance(module, torch.nn.Linear) and "visual" not in name:

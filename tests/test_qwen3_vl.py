@@ -18,6 +18,7 @@ from test_qwen2_5_vl import (
     NEW_TOKENS,
     PAD,
     arrays,
+    assert_int4_decoder_matches,
     genai_generate,
     genai_inputs,
     pipeline_logits,
@@ -180,20 +181,8 @@ def test_fp16_package_matches_transformers(source, reference, image, tmp_path):
 
 
 def test_int4_decoder_matches_fake_quantized_transformers(source, image, tmp_path):
-    from fake_quant import cosine, fake_quantize
-
     out = build(source, tmp_path / "int4", "-p", "int4", "--accuracy-level", "0", "--quant-method", "rtn", "--symmetric")
-    _, inputs = genai_inputs(out, image)
-    ids, pixels, grid = arrays(inputs)
-    model = transformers.Qwen3VLForConditionalGeneration.from_pretrained(source, dtype=torch.float32).eval()
-    with torch.no_grad():
-        for name, module in model.named_modules():
-            if isinstance(module, torch.nn.Linear) and "visual" not in name:
-                module.weight.copy_(fake_quantize(module.weight, 4, 32, True))
-    prefill, step, next_id, positions = transformers_logits(model, ids, pixels, grid)
-    got_prefill, got_step = pipeline_logits(out, ids, pixels, grid, positions, next_id)
-    for got, expected in ((got_prefill, prefill), (got_step, step)):
-        assert cosine(got, expected) > 0.999 and relative_error(got, expected) < 1e-4
+    assert_int4_decoder_matches(out, source, image, transformers.Qwen3VLForConditionalGeneration)
 
 
 def test_text_only_builds_a_plain_qwen3_decoder(source, tmp_path):
