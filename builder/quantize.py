@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from builder.inputs.mapping import release
+from builder.stored_blocks import pack_codes
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)
 BITS = (4, 8)
@@ -236,15 +237,6 @@ def _block_min_max(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return lo[:, :, 0], hi[:, :, 0]
 
 
-def _pack(values: np.ndarray, bits: int, pad_value: int) -> np.ndarray:
-    """Packs uint8 values along the last axis, 8/bits per byte, low bits first."""
-    if bits == 8:
-        return values
-    if values.shape[-1] % 2:
-        values = np.concatenate([values, np.full((*values.shape[:-1], 1), pad_value, np.uint8)], axis=-1)
-    return values[..., 0::2] | (values[..., 1::2] << 4)
-
-
 def quantize(rows, bits: int = 4, block_size: int = 32, symmetric: bool = True,
              scale_dtype: np.dtype | type = np.float32, method: str = "rtn") -> QuantizedMatrix:
     """Quantizes a [N, K] weight (any float dtype; arithmetic in float32), a chunk of rows at a time.
@@ -275,10 +267,10 @@ def quantize(rows, bits: int = 4, block_size: int = 32, symmetric: bool = True,
                                             np.dtype(scale_dtype), method)
         else:
             codes, s, zp = _quantize_rows(chunk, bits, block_size, symmetric, np.dtype(scale_dtype), method)
-            data[start:stop] = _pack(codes, bits, 0)
+            data[start:stop] = pack_codes(codes, bits, 0)
         scales[start:stop] = s
         if zero_points is not None:
-            zero_points[start:stop] = _pack(zp, bits, 1 << (bits - 1))
+            zero_points[start:stop] = pack_codes(zp, bits, 1 << (bits - 1))
         del chunk
         release(rows[start:stop])  # a mapped source's pages for these rows are no longer needed
     return QuantizedMatrix(data, scales, zero_points)

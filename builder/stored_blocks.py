@@ -65,9 +65,9 @@ class Blocks:
 
         def compute(stack):
             data, scales, zp, offsets = inner(stack)
-            codes = _nibbles(data)
+            codes = unpack_codes(data, 4)
             if zp is not None:
-                zp = _nibbles(zp)[:, : scales.shape[1]] + np.uint8(120)
+                zp = unpack_codes(zp, 4)[:, : scales.shape[1]] + np.uint8(120)
             return BlockArrays(codes + np.uint8(120), scales, zp, offsets)
 
         return self._with(compute, bits=8)
@@ -113,7 +113,7 @@ class Blocks:
             scales = np.repeat(scales, repeat, axis=1)
             offsets = None if offsets is None else np.repeat(offsets, repeat, axis=1)
             if zp is not None:
-                zp = np.repeat(_nibbles(zp)[:, :k_blocks] if bits == 4 else zp, repeat, axis=1)
+                zp = np.repeat(unpack_codes(zp, 4)[:, :k_blocks] if bits == 4 else zp, repeat, axis=1)
                 zp = zp[:, 0::2] | (zp[:, 1::2] << 4) if bits == 4 else zp  # k_blocks·repeat is even
             return BlockArrays(data, scales, zp, offsets)
 
@@ -162,6 +162,18 @@ class Blocks:
         return first._with(compute, kind="+".join(dict.fromkeys(b.kind for b in parts)))
 
 
-def _nibbles(packed: np.ndarray) -> np.ndarray:
-    """uint8 [..., m] of two 4-bit values a byte (element 2j low) -> [..., 2m]."""
+def pack_codes(values: np.ndarray, bits: int, pad_value: int = 0) -> np.ndarray:
+    """Packs uint8 values along the last axis, 8/bits per byte, low bits first (MatMulNBits' and
+    ONNX's int4 order); an odd count's last high nibble is `pad_value`."""
+    if bits == 8:
+        return values
+    if values.shape[-1] % 2:
+        values = np.concatenate([values, np.full((*values.shape[:-1], 1), pad_value, np.uint8)], axis=-1)
+    return values[..., 0::2] | (values[..., 1::2] << 4)
+
+
+def unpack_codes(packed: np.ndarray, bits: int) -> np.ndarray:
+    """pack_codes undone: uint8 [..., m] -> [..., m·8/bits] (a padded last code kept)."""
+    if bits == 8:
+        return packed
     return np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(*packed.shape[:-1], -1)

@@ -25,6 +25,7 @@ from builder.graph import Graph
 from builder.lazy import Weight
 from builder.materialize import SharedResult
 from builder.quantize import packed_shapes, quantize
+from builder.stored_blocks import pack_codes, unpack_codes
 from builder.target import Quantization, Target, source_modules
 
 
@@ -108,38 +109,23 @@ def qdq_parts(parts: dict[str, np.ndarray], k: int, bits: int, block_size: int) 
     order), as builder.materialize.SharedResult writes them."""
     data = parts["data"]
     n = data.shape[0]
-    codes = _unpack(data.reshape(n, -1), bits)[:, :k]  # (N, padded K) -> (N, K)
+    codes = unpack_codes(data.reshape(n, -1), bits)[:, :k]  # (N, padded K) -> (N, K)
     out = {"scales": np.ascontiguousarray(parts["scales"].T)}
     if "zero_points" in parts:
         k_blocks = parts["scales"].shape[1]
-        out["zero_points"] = _pack(_unpack(parts["zero_points"], bits)[:, :k_blocks].T, bits)
-        out["data"] = _pack(codes.T, bits)
+        out["zero_points"] = _flat_codes(unpack_codes(parts["zero_points"], bits)[:, :k_blocks].T, bits)
+        out["data"] = _flat_codes(codes.T, bits)
     else:  # the implicit zero point 2^(bits-1) subtracted: q - 8 is q ^ 8 in 4-bit two's complement
-        out["data"] = _pack(codes.T ^ np.uint8(1 << (bits - 1)), bits)
+        out["data"] = _flat_codes(codes.T ^ np.uint8(1 << (bits - 1)), bits)
     if "offsets" in parts:
         out["offsets"] = parts["offsets"]  # already [k_blocks, N]
     return out
 
 
-def _unpack(packed: np.ndarray, bits: int) -> np.ndarray:
-    """uint8 [rows, bytes] -> codes uint8 [rows, bytes·8/bits], low nibble first."""
-    if bits == 8:
-        return packed
-    out = np.empty((packed.shape[0], packed.shape[1] * 2), np.uint8)
-    out[:, 0::2] = packed & 0x0F
-    out[:, 1::2] = packed >> 4
-    return out
-
-
-def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
-    """Codes (any shape, values < 2^bits) as ONNX stores a tensor of them: row-major, 4-bit codes
-    two a byte, low nibble first, an odd count's last high nibble zero."""
-    flat = np.ascontiguousarray(codes).reshape(-1)
-    if bits == 8:
-        return flat.reshape(codes.shape)
-    if flat.size % 2:
-        flat = np.append(flat, np.uint8(0))
-    return (flat[0::2] | (flat[1::2] << 4)).astype(np.uint8)
+def _flat_codes(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Codes (any shape) as ONNX stores a tensor of them: row-major, 4-bit ones two a byte."""
+    flat = np.ascontiguousarray(codes)
+    return flat if bits == 8 else pack_codes(flat.reshape(-1), bits)
 
 
 def _register(g: Graph, shared: SharedResult, weight: Weight, part: str, shape, dtype: ir.DataType | None,

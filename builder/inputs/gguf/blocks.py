@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from builder.stored_blocks import BlockArrays, Blocks
+from builder.stored_blocks import BlockArrays, Blocks, pack_codes
 
 QK_K = 256  # a K-quant's super-block
 # type -> (MatMulNBits bits, block size)
@@ -115,14 +115,6 @@ def decode(kind: str, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return (q + np.uint8(96)).reshape(n, -1), (d * sc.view(np.int8)).reshape(n, -1), None
 
 
-def _pack(values: np.ndarray, bits: int) -> np.ndarray:
-    """uint8 [n, m] -> MatMulNBits' packing along the last axis (4-bit: two a byte, element 2j low,
-    an odd count padded with 8, as ONNX Runtime writes zero points)."""
-    if bits == 8:
-        return values
-    if values.shape[-1] % 2:
-        values = np.concatenate([values, np.full((*values.shape[:-1], 1), 8, np.uint8)], axis=-1)
-    return values[..., 0::2] | (values[..., 1::2] << 4)
 
 
 def centred(code_bits: int, shift: int, scales: np.ndarray, minimums: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -149,10 +141,10 @@ def gguf_blocks(kind: str, shape: tuple[int, int], read: Callable) -> Blocks:
     def compute(stack) -> BlockArrays:
         codes, scales, minimums = decode(kind, np.asarray(read(stack)))
         if not with_minimum:
-            return BlockArrays(_pack(codes.reshape(n, k // block, block), bits), scales, None)
+            return BlockArrays(pack_codes(codes.reshape(n, k // block, block), bits, 8), scales, None)
         shift = 112 if bits == 8 else 0  # 5-bit codes as 8-bit: centred on 128 like Q5_0's
-        data = _pack(codes.reshape(n, k // block, block) + np.uint8(shift), bits)
+        data = pack_codes(codes.reshape(n, k // block, block) + np.uint8(shift), bits, 8)
         zero_points, offsets = centred(CODE_BITS[kind], shift, scales, minimums)
-        return BlockArrays(data, scales, _pack(zero_points, bits), offsets)
+        return BlockArrays(data, scales, pack_codes(zero_points, bits, 8), offsets)
 
     return Blocks(bits, block, compute, kind, zero_points=with_minimum, offsets=with_minimum)
