@@ -148,6 +148,11 @@ class Target:
         """What the execution provider needs of the graph (builder.providers)."""
         return PROVIDERS[self.execution_provider]
 
+    def lookup_bits(self, bits: int) -> int:
+        """The bits a quantized token lookup gathers at: 8 in a standard-ops model (ONNX's Gather has
+        no 4-bit type, so it reads 8-bit codes and a DequantizeLinear), else `bits`."""
+        return 8 if self.standard_ops else bits
+
     def positions(self, max_position_embeddings: int) -> int:
         """Rows of the rotary tables: the context length asked for, else the model's."""
         return self.context_length or max_position_embeddings

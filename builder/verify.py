@@ -180,12 +180,12 @@ def _lookup_bits(q, target, untied: bool, was_tied: bool) -> int | None:
     type); an untied table with --quantize-embeddings, or among an int4 build's int8 layers (the
     mixed preset's `*embed_tokens`), where the provider has GatherBlockQuantized."""
     if was_tied:
-        return 8 if untied and target.standard_ops else None
+        return target.lookup_bits(q.bits) if untied and target.standard_ops else None
     if not (target.provider.quantized_gather or target.standard_ops):
         return None
     bits = q.bits_for("model.embed_tokens", ("model.embed_tokens",))
     if (q.embeddings and q.bits == 4) or (q.bits == 4 and bits == 8):
-        return 8 if target.standard_ops else bits
+        return target.lookup_bits(bits)
     return None
 
 

@@ -30,8 +30,8 @@ def embedding(
         else:
             bits = q.bits_for("model.embed_tokens", source_modules(weight.sources))
             wanted = (q.embeddings and q.bits == 4) or (q.bits == 4 and bits == 8)
-        if wanted:  # a standard-ops lookup gathers 8-bit codes: ONNX's Gather has no 4-bit type
-            bits = 8 if target.standard_ops and weight.blocks is None else bits
+        if wanted:
+            bits = bits if weight.blocks is not None else target.lookup_bits(bits)
             shared = quantized_weight(g, weight, q, target.io_dtype, bits)
     if isinstance(shared, QuantizedValues):
         x = _gather_quantized(g, input_ids, shared, target)

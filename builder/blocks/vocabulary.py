@@ -43,10 +43,9 @@ class Vocabulary:
         if isinstance(shared, QuantizedValues) and shared.qdq:
             # ONNX Runtime fuses lm_head's DequantizeLinear + MatMul into MatMulNBits only when
             # nothing else reads its codes (measured, 1.31): the lookup gets its own copy.
-            # A standard-ops lookup gathers 8-bit codes: ONNX's Gather has no 4-bit type.
-            bits = 8 if target.standard_ops else shared.bits
             with g.scope("model", "embed_tokens"):
-                lookup = quantized_weight(g, embedding, target.quantization, target.io_dtype, bits)
+                lookup = quantized_weight(g, embedding, target.quantization, target.io_dtype,
+                                          target.lookup_bits(shared.bits))
             return cls(embedding, head, target, shared, lookup)
         return cls(embedding, head, target, shared, shared)
 
