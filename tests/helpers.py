@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +13,15 @@ PROMPT = [5, 17, 33, 12, 99, 100, 7, 8, 61, 42]
 # For greedy generation to 30 tokens: a prompt whose continuations, with these seeded random
 # tiny models, have no near-tie (see test_genai.NEAR_TIE) early on.
 GENAI_PROMPT = [7, 3, 11, 19, 23, 29, 31, 37]
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "tiny-llama"
+
+
+def add_example_tokenizer(folder: Path) -> Path:
+    """The shipped tiny model's tokenizer files copied into `folder`, as a hub folder has them (no
+    missing-tokenizer warning beside a one-line error)."""
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(EXAMPLE / name, folder / name)
+    return folder
 
 
 def make_checkpoint(folder: Path, config_class: str, seed: int = 0, dtype=None, **config) -> Path:

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnx_ir.external_data
 import pytest
+from helpers import add_example_tokenizer
 from safetensors.numpy import load_file, save_file
 
 from builder.cli import main
@@ -25,10 +26,7 @@ def run(capsys, *argv):
 @pytest.fixture
 def src(tiny_llama, tmp_path):
     """The tiny checkpoint with tokenizer files, as a hub folder has them (no missing-tokenizer warning)."""
-    folder = shutil.copytree(tiny_llama, tmp_path / "src")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(EXAMPLE / name, folder / name)
-    return folder
+    return add_example_tokenizer(shutil.copytree(tiny_llama, tmp_path / "src"))
 
 
 def assert_refused(capsys, tmp_path, argv, message, code=2):

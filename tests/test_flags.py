@@ -12,6 +12,7 @@ from pathlib import Path
 import onnx
 import pytest
 import yaml
+from helpers import add_example_tokenizer
 
 import architectures
 from builder import __version__
@@ -39,10 +40,7 @@ def assert_refused(capsys, tmp_path, argv, message):
 @pytest.fixture
 def src(tiny_llama, tmp_path):
     """The tiny checkpoint with tokenizer files beside it, as on the hub."""
-    folder = shutil.copytree(tiny_llama, tmp_path / "src")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(EXAMPLE / name, folder / name)
-    return folder
+    return add_example_tokenizer(shutil.copytree(tiny_llama, tmp_path / "src"))
 
 
 def nodes(out):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import add_example_tokenizer
 from safetensors.numpy import save_file
 
 from builder.cli import main
@@ -287,9 +288,7 @@ def slow_checkpoint(tmp_path_factory):
         for name, shape in shapes.items():
             tensors[f"model.layers.{i}.{name}.weight"] = np.zeros(shape, np.float32)
     save_file(tensors, folder / "model.safetensors")
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(EXAMPLE / name, folder / name)
-    return folder
+    return add_example_tokenizer(folder)
 
 
 def signalled_mid_build(source, out, signum):

@@ -5,7 +5,6 @@ also has an ONNX Runtime CPU kernel, fp16-level parity with transformers on the 
 
 import collections
 import json
-import shutil
 
 import numpy as np
 import onnx
@@ -13,8 +12,9 @@ import onnx_ir as ir
 import pytest
 from conftest import TINY
 from fake_quant import assert_quantized_parity
-from helpers import GENAI_PROMPT, PROMPT, OnnxDecoder, assert_parity, build, make_checkpoint, reference, relative_error
-from test_flags import EXAMPLE, assert_refused
+from helpers import (GENAI_PROMPT, PROMPT, OnnxDecoder, add_example_tokenizer, assert_parity, build, make_checkpoint,
+                     reference, relative_error)
+from test_flags import assert_refused
 
 from builder.provider_kernels import missing, ops_of
 
@@ -106,9 +106,7 @@ FAMILIES = {
 def family(request, tmp_path_factory):
     config_class, overrides = FAMILIES[request.param]
     source = make_checkpoint(tmp_path_factory.mktemp(request.param), config_class, **{**TINY, **overrides})
-    for name in ("tokenizer.json", "tokenizer_config.json"):  # no tokenizer warning beside a refusal
-        shutil.copy(EXAMPLE / name, source / name)
-    return request.param, source
+    return request.param, add_example_tokenizer(source)
 
 
 @pytest.mark.parametrize("provider", sorted(PROVIDER_OPTIONS))
@@ -167,11 +165,9 @@ def test_directml_graph_generates_in_genai_with_its_position_ids(qwen3, tmp_path
 
     dml = build(qwen3, tmp_path / "dml", "-p", "fp16", "-e", "dml")
     cpu = build(qwen3, tmp_path / "cpu", "-p", "fp16")
-    for folder in (dml,):
-        config = json.loads((folder / "genai_config.json").read_text())
-        config["model"]["decoder"]["session_options"]["provider_options"] = []
-        (folder / "genai_config.json").write_text(json.dumps(config))
-    shutil.copy(cpu / "tokenizer.json", dml) if (cpu / "tokenizer.json").is_file() else None
+    config = json.loads((dml / "genai_config.json").read_text())
+    config["model"]["decoder"]["session_options"]["provider_options"] = []
+    (dml / "genai_config.json").write_text(json.dumps(config))
     assert genai_greedy(dml, GENAI_PROMPT) == genai_greedy(cpu, GENAI_PROMPT)
 
 
