@@ -39,7 +39,7 @@ from builder.graph import Graph
 from builder.hf_config import read_json
 from builder.image_processor import extensions_processor
 from builder.inputs.source import Checkpoint
-from builder.io import BATCH, SEQUENCE
+from builder.io import BATCH, SEQUENCE, tensor_type
 from builder.package import Package
 from builder.target import Target
 
@@ -99,7 +99,7 @@ def embedding_model(ckpt: Checkpoint, c: GemmaConfig, image_token: int, features
     H = c.hidden_size
     g = g or Graph()
     ids = ir.Value(name="input_ids", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape((BATCH, SEQUENCE)))
-    features = ir.Value(name="image_features", type=_type(features_dtype),
+    features = ir.Value(name="image_features", type=tensor_type(features_dtype),
                         shape=ir.Shape(("num_images", "num_image_tokens", H)))
     vocab = text_vocabulary(g, ckpt, c, target)
     is_image = g.op.Equal(ids, g.constant(image_token, np.int64))
@@ -108,10 +108,7 @@ def embedding_model(ckpt: Checkpoint, c: GemmaConfig, image_token: int, features
     text = vocab.embed(g, lookup, scale=float(np.sqrt(H)))  # (B, S, H)
     rows = g.op.Reshape(features, g.constant([-1, H], np.int64))  # every image's rows, in order
     embeds = merge_image_features(g, ids, is_image, rows, text, H, target)
-    embeds.name, embeds.type = "inputs_embeds", _type(target.io_dtype)
+    embeds.name, embeds.type = "inputs_embeds", tensor_type(target.io_dtype)
     embeds.shape = ir.Shape((BATCH, SEQUENCE, H))
     return g.model([ids, features], [embeds])
 
-
-def _type(dtype: np.dtype) -> ir.TensorType:
-    return ir.TensorType(ir.DataType.from_numpy(np.dtype(dtype)))

@@ -28,6 +28,7 @@ from builder.blocks import ResidualStream, linear, plain_mlp, rms_norm
 from builder.config_checks import config_object, config_value
 from builder.errors import BuildError
 from builder.graph import Graph
+from builder.io import tensor_type
 from builder.hf_config import from_dict
 from builder.inputs.source import Checkpoint
 from builder.target import Target
@@ -169,7 +170,7 @@ def vision_model(ckpt: Checkpoint, c: Gemma3VisionConfig, target: Target, g: Gra
     `g` (a new Graph by default). Three dimensions make onnxruntime-genai size the features for
     every image (it allocates num_images x 256 rows for a 3-D output, 256 in all for a 2-D one)."""
     g = g or Graph()
-    dtype = ir.TensorType(ir.DataType.from_numpy(np.dtype(target.io_dtype)))
+    dtype = tensor_type(target.io_dtype)
     pixels = ir.Value(name="pixel_values", type=dtype,
                       shape=ir.Shape(("num_images", c.num_channels, c.image_size, c.image_size)))
     features = build(g, pixels, ckpt, c, target)

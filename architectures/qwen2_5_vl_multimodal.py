@@ -39,7 +39,7 @@ from builder.graph import Graph
 from builder.hf_config import read_json
 from builder.image_processor import patched_processor
 from builder.inputs.source import Checkpoint
-from builder.io import BATCH, SEQUENCE
+from builder.io import BATCH, SEQUENCE, tensor_type
 from builder.package import Package
 from builder.target import Target
 
@@ -115,7 +115,7 @@ def embedding_model(ckpt: Checkpoint, c: DecoderConfig, image_token: int, featur
     H = width or c.hidden_size
     g = g or Graph()
     ids = ir.Value(name="input_ids", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape((BATCH, SEQUENCE)))
-    features = ir.Value(name="image_features", type=_type(features_dtype), shape=ir.Shape(("num_image_tokens", H)))
+    features = ir.Value(name="image_features", type=tensor_type(features_dtype), shape=ir.Shape(("num_image_tokens", H)))
     embed = decoder_prefix_of(ckpt) + "embed_tokens.weight"
     vocab = vocabulary(g, ckpt, target, (c.vocab_size, c.hidden_size), c.tie_word_embeddings, embed=embed)
     is_image = g.op.Equal(ids, g.constant(image_token, np.int64))
@@ -125,10 +125,7 @@ def embedding_model(ckpt: Checkpoint, c: DecoderConfig, image_token: int, featur
     if H != c.hidden_size:
         text = g.op.Pad(text, g.constant([0, 0, 0, 0, 0, H - c.hidden_size], np.int64))  # -> (B, S, width), zeros
     embeds = merge_image_features(g, ids, is_image, features, text, H, target)
-    embeds.name, embeds.type = "inputs_embeds", _type(target.io_dtype)
+    embeds.name, embeds.type = "inputs_embeds", tensor_type(target.io_dtype)
     embeds.shape = ir.Shape((BATCH, SEQUENCE, H))
     return g.model([ids, features], [embeds])
 
-
-def _type(dtype: np.dtype) -> ir.TensorType:
-    return ir.TensorType(ir.DataType.from_numpy(np.dtype(dtype)))

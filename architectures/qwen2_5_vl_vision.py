@@ -34,6 +34,7 @@ from builder.blocks import ResidualStream, activation, gated_mlp, linear
 from builder.blocks.rope import MultimodalRotary, default_inv_freq
 from builder.config_checks import config_object
 from builder.graph import Graph
+from builder.io import tensor_type
 from builder.hf_config import from_dict
 from builder.inputs.source import Checkpoint
 from builder.target import Target
@@ -265,7 +266,7 @@ def vision_model(ckpt: Checkpoint, c: Qwen2_5_VLVisionConfig, target: Target, g:
     """The whole vision model: inputs `pixel_values` (patches, C·T·P·P) in the target's IO dtype
     and `image_grid_thw` (1, 3) int64; output `image_features` (tokens, out_hidden_size)."""
     g = g or Graph()
-    dtype = ir.TensorType(ir.DataType.from_numpy(np.dtype(target.io_dtype)))
+    dtype = tensor_type(target.io_dtype)
     pixels = ir.Value(name="pixel_values", type=dtype, shape=ir.Shape(("num_patches", c.patch_values)))
     grid = ir.Value(name="image_grid_thw", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape((1, 3)))
     features = build(g, pixels, grid, ckpt, c, target)

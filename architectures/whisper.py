@@ -47,7 +47,7 @@ from builder.family import Family, register
 from builder.graph import Graph
 from builder.hf_config import from_dict, read_json
 from builder.inputs.source import Checkpoint
-from builder.io import BATCH, PAST, SEQUENCE, TOTAL, logits_dtype
+from builder.io import BATCH, PAST, SEQUENCE, TOTAL, graph_value, logits_dtype, tensor_type
 from builder.target import Target
 
 ENCODER_FILE = "encoder"
@@ -73,10 +73,10 @@ class WhisperIO:
         heads, size, frames = c.decoder_attention_heads, c.head_dim, c.max_source_positions
 
         def cache(pattern: str, i: int, length: str | int) -> ir.Value:
-            return _value(pattern % i, dtype, (BATCH, heads, length, size))
+            return graph_value(pattern % i, dtype, (BATCH, heads, length, size))
 
         return cls(
-            input_ids=_value("input_ids", np.int32, (BATCH, SEQUENCE)),
+            input_ids=graph_value("input_ids", np.int32, (BATCH, SEQUENCE)),
             past=[(cache(PAST_KEY, i, PAST), cache(PAST_VALUE, i, PAST)) for i in range(c.decoder_layers)],
             cross=[(cache(CROSS_PAST_KEY, i, frames), cache(CROSS_PAST_VALUE, i, frames))
                    for i in range(c.decoder_layers)],
@@ -89,17 +89,14 @@ class WhisperIO:
     def outputs(self, logits: ir.Value, c: WhisperConfig, dtype: np.dtype,
                 presents: list[tuple[ir.Value, ir.Value]]) -> list[ir.Value]:
         logits.name = "logits"
-        logits.type = ir.TensorType(ir.DataType.from_numpy(logits_dtype(dtype)))
+        logits.type = tensor_type(logits_dtype(dtype))
         logits.shape = ir.Shape((BATCH, SEQUENCE, c.vocab_size))
         for i, pair in enumerate(presents):
             for v, pattern in zip(pair, (PRESENT_KEY, PRESENT_VALUE)):
-                v.name, v.type = pattern % i, ir.TensorType(ir.DataType.from_numpy(dtype))
+                v.name, v.type = pattern % i, tensor_type(dtype)
                 v.shape = ir.Shape((BATCH, c.decoder_attention_heads, TOTAL, c.head_dim))
         return [logits, *(v for pair in presents for v in pair)]
 
-
-def _value(name: str, dtype: np.dtype | type, dims: tuple) -> ir.Value:
-    return ir.Value(name=name, type=ir.TensorType(ir.DataType.from_numpy(np.dtype(dtype))), shape=ir.Shape(dims))
 
 
 def decoder_layer(g: Graph, stream: ResidualStream, w: Weights, io: WhisperIO, i: int, c: WhisperConfig,

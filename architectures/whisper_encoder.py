@@ -21,7 +21,7 @@ from builder.architecture import Weights
 from builder.blocks import ResidualStream, linear, plain_mlp
 from builder.graph import Graph
 from builder.inputs.source import Checkpoint
-from builder.io import BATCH
+from builder.io import BATCH, tensor_type
 from builder.target import Target
 
 __all__ = ["AUDIO_FEATURES", "CROSS_KEY", "CROSS_VALUE", "ENCODER_HIDDEN_STATES", "FRAMES", "encoder_model",
@@ -96,7 +96,7 @@ def cross_keys_values(g: Graph, hidden: ir.Value, ckpt: Checkpoint, c: WhisperCo
         pair = []
         for value, pattern in ((k, CROSS_KEY), (v, CROSS_VALUE)):
             value = split_heads(g, value, c.decoder_attention_heads, c.head_dim)
-            value.name, value.type = pattern % i, _type(target.io_dtype)
+            value.name, value.type = pattern % i, tensor_type(target.io_dtype)
             value.shape = ir.Shape((BATCH, c.decoder_attention_heads, c.max_source_positions, c.head_dim))
             pair.append(value)
         presents.append(tuple(pair))
@@ -108,7 +108,7 @@ def encoder_model(ckpt: Checkpoint, c: WhisperConfig, target: Target, g: Graph |
     quantization is ignored here); recorded on `g`."""
     target = Target(io_dtype=target.io_dtype, execution_provider=target.execution_provider)
     g = g or Graph()
-    d, dtype = c.d_model, _type(target.io_dtype)
+    d, dtype = c.d_model, tensor_type(target.io_dtype)
     features = ir.Value(name=AUDIO_FEATURES, type=dtype, shape=ir.Shape((BATCH, c.num_mel_bins, FRAMES)))
     e = Weights(ckpt, "model.encoder.")
     with g.scope("model", "encoder"):
@@ -126,6 +126,3 @@ def encoder_model(ckpt: Checkpoint, c: WhisperConfig, target: Target, g: Graph |
     cross = cross_keys_values(g, hidden, ckpt, c, target)
     return g.model([features], [hidden, *(v for pair in cross for v in pair)])
 
-
-def _type(dtype: np.dtype) -> ir.TensorType:
-    return ir.TensorType(ir.DataType.from_numpy(np.dtype(dtype)))

@@ -19,8 +19,14 @@ PAST_CONV, PRESENT_CONV = "past.%d.conv", "present.%d.conv"
 PAST_RECURRENT, PRESENT_RECURRENT = "past.%d.recurrent", "present.%d.recurrent"
 
 
-def _value(name: str, dtype: np.dtype | type, dims: tuple) -> ir.Value:
-    return ir.Value(name=name, type=ir.TensorType(ir.DataType.from_numpy(np.dtype(dtype))), shape=ir.Shape(dims))
+def tensor_type(dtype: np.dtype | type) -> ir.TensorType:
+    """The ONNX tensor type of a numpy dtype."""
+    return ir.TensorType(ir.DataType.from_numpy(np.dtype(dtype)))
+
+
+def graph_value(name: str, dtype: np.dtype | type, dims: tuple) -> ir.Value:
+    """A named graph input (or output) of `dtype` and shape `dims` (symbolic names or sizes)."""
+    return ir.Value(name=name, type=tensor_type(dtype), shape=ir.Shape(dims))
 
 
 @dataclass
@@ -90,18 +96,19 @@ class DecoderIO:
         def kv(i: int, pattern: str) -> ir.Value:
             length = PAST_WINDOW if i in windowed else PAST
             heads, size = own.get(i, (num_kv_heads, head_size))
-            return _value(pattern % slots[i], kv_dtype or io_dtype, (BATCH, heads, length, size))
+            return graph_value(pattern % slots[i], kv_dtype or io_dtype, (BATCH, heads, length, size))
 
-        conv = {i: _value(PAST_CONV % slots[i], io_dtype, (BATCH, *conv_state)) for i in conv_layers}
+        conv = {i: graph_value(PAST_CONV % slots[i], io_dtype, (BATCH, *conv_state)) for i in conv_layers}
         recurrent = {} if recurrent_state is None else {
-            i: _value(PAST_RECURRENT % slots[i], io_dtype, (BATCH, *recurrent_state)) for i in conv_layers}
+            i: graph_value(PAST_RECURRENT % slots[i], io_dtype, (BATCH, *recurrent_state)) for i in conv_layers}
         hybrid = frozenset(hybrid_layers)
         past = [None if i in stateless or (i in conv and i not in hybrid) else (kv(i, PAST_KEY), kv(i, PAST_VALUE))
                 for i in range(num_layers)]
-        embeds = None if embeds_width is None else _value("inputs_embeds", io_dtype, (BATCH, SEQUENCE, embeds_width))
+        embeds = (None if embeds_width is None
+                  else graph_value("inputs_embeds", io_dtype, (BATCH, SEQUENCE, embeds_width)))
         return cls(
-            input_ids=_value("input_ids", np.int64, (BATCH, SEQUENCE)) if embeds is None else None,
-            attention_mask=_value("attention_mask", np.int64, (BATCH, TOTAL)),
+            input_ids=graph_value("input_ids", np.int64, (BATCH, SEQUENCE)) if embeds is None else None,
+            attention_mask=graph_value("attention_mask", np.int64, (BATCH, TOTAL)),
             past=past,
             io_dtype=np.dtype(io_dtype),
             kv_dims=(num_kv_heads, head_size),
@@ -112,7 +119,7 @@ class DecoderIO:
             stateless=stateless,
             slots=slots,
             layer_kv_dims=own,
-            position_ids=_value("position_ids", np.int64, (position_rows, BATCH, SEQUENCE) if position_rows
+            position_ids=graph_value("position_ids", np.int64, (position_rows, BATCH, SEQUENCE) if position_rows
                                 else (BATCH, SEQUENCE)) if position_ids or position_rows else None,
             kv_dtype=None if kv_dtype is None else np.dtype(kv_dtype),
         )
@@ -133,7 +140,7 @@ class DecoderIO:
         row's last token alone, (batch, 1, vocab): onnxruntime-genai reads that fixed 1 as a pruned
         model (Model::IsPruned) and takes the row as the one to sample from."""
         logits.name = "logits"
-        logits.type = ir.TensorType(ir.DataType.from_numpy(logits_dtype(self.io_dtype)))
+        logits.type = tensor_type(logits_dtype(self.io_dtype))
         logits.shape = ir.Shape((BATCH, 1 if last_only else SEQUENCE, vocab_size))
         for i, present in enumerate(presents):
             if self.past[i] is not None:
@@ -141,7 +148,7 @@ class DecoderIO:
                 key, value, *present = present
                 for v, pattern in ((key, PRESENT_KEY), (value, PRESENT_VALUE)):
                     v.name = pattern % self.slots[i]
-                    v.type = ir.TensorType(ir.DataType.from_numpy(self.kv_dtype or self.io_dtype))
+                    v.type = tensor_type(self.kv_dtype or self.io_dtype)
                     v.shape = ir.Shape((BATCH, heads, TOTAL_WINDOW if i in self.windowed_layers else TOTAL, size))
             if i in self.conv:
                 self._name_conv_state(i, *present)
