@@ -32,7 +32,7 @@ import onnx_ir as ir
 
 from architectures import gemma3_vision
 from architectures.gemma import GemmaConfig, text_vocabulary
-from builder.blocks.embedding import merge_image_features
+from builder.blocks.embedding import image_tokens, merge_image_features
 from builder.config_checks import token_id
 from builder.errors import BuildError
 from builder.graph import Graph
@@ -102,9 +102,7 @@ def embedding_model(ckpt: Checkpoint, c: GemmaConfig, image_token: int, features
     features = ir.Value(name="image_features", type=tensor_type(features_dtype),
                         shape=ir.Shape(("num_images", "num_image_tokens", H)))
     vocab = text_vocabulary(g, ckpt, c, target)
-    is_image = g.op.Equal(ids, g.constant(image_token, np.int64))
-    # An image token past the vocabulary (transformers' check) is looked up as token 0, then replaced.
-    lookup = g.op.Where(is_image, g.constant(0, np.int64), ids) if image_token >= c.vocab_size else ids
+    is_image, lookup = image_tokens(g, ids, image_token, c.vocab_size)
     text = vocab.embed(g, lookup, scale=float(np.sqrt(H)))  # (B, S, H)
     rows = g.op.Reshape(features, g.constant([-1, H], np.int64))  # every image's rows, in order
     embeds = merge_image_features(g, ids, is_image, rows, text, H, target)

@@ -31,7 +31,7 @@ import onnx_ir as ir
 from architectures import qwen2_5_vl_vision
 from architectures.qwen2_5_vl import decoder_prefix_of
 from builder.architecture import vocabulary
-from builder.blocks.embedding import merge_image_features
+from builder.blocks.embedding import image_tokens, merge_image_features
 from builder.config_checks import token_id
 from builder.decoder_config import DecoderConfig
 from builder.errors import BuildError
@@ -118,9 +118,7 @@ def embedding_model(ckpt: Checkpoint, c: DecoderConfig, image_token: int, featur
     features = ir.Value(name="image_features", type=tensor_type(features_dtype), shape=ir.Shape(("num_image_tokens", H)))
     embed = decoder_prefix_of(ckpt) + "embed_tokens.weight"
     vocab = vocabulary(g, ckpt, target, (c.vocab_size, c.hidden_size), c.tie_word_embeddings, embed=embed)
-    is_image = g.op.Equal(ids, g.constant(image_token, np.int64))
-    # An image token past the vocabulary is looked up as token 0, then replaced.
-    lookup = g.op.Where(is_image, g.constant(0, np.int64), ids) if image_token >= c.vocab_size else ids
+    is_image, lookup = image_tokens(g, ids, image_token, c.vocab_size)
     text = vocab.embed(g, lookup)  # (B, S, hidden)
     if H != c.hidden_size:
         text = g.op.Pad(text, g.constant([0, 0, 0, 0, 0, H - c.hidden_size], np.int64))  # -> (B, S, width), zeros

@@ -82,6 +82,15 @@ def _gather_qdq_columns(g: Graph, input_ids: ir.Value, m: QuantizedValues, block
         x = g.op.DequantizeLinear(codes, scales, zero_points, axis=0, block_size=block_size)
     return g.op.Transpose(x, perm=[1, 2, 0])  # (K, B, S) -> (B, S, K)
 
+def image_tokens(g: Graph, input_ids: ir.Value, image_token: int, vocab_size: int) -> tuple[ir.Value, ir.Value]:
+    """(is_image (B, S) bool, the ids to look up): an image token past the vocabulary (transformers'
+    check) is looked up as token 0, its row then replaced by merge_image_features."""
+    is_image = g.op.Equal(input_ids, g.constant(image_token, "int64"))
+    if image_token < vocab_size:
+        return is_image, input_ids
+    return is_image, g.op.Where(is_image, g.constant(0, "int64"), input_ids)
+
+
 def merge_image_features(g: Graph, input_ids: ir.Value, is_image: ir.Value, features: ir.Value, text: ir.Value,
                          hidden: int, target: Target) -> ir.Value:
     """inputs_embeds: `text` (B, S, hidden), with the n-th image token (row-major over batch and
