@@ -13,7 +13,6 @@ float build and a text.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from builder.errors import BuildError
+from builder.hf_config import parse_json
 
 SCHEMES = ("float", "int8-per-tensor", "int8-per-channel")
 INT8_QMAX = 128  # onnxruntime-genai's calibration divisor for int8 (builders/base.py, KV_CACHE_CALIBRATION_QMAX)
@@ -48,11 +48,10 @@ def read_scales(path: str | Path, scheme: str, kv_layers: list[int], kv_heads: i
     try:
         if path.stat().st_size > MAX_FILE_BYTES:
             raise BuildError(f"{where}: larger than {MAX_FILE_BYTES >> 20} MB, not a scales file")
-        data = json.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
     except OSError as e:
         raise BuildError(f"{where}: cannot read it ({e.strerror or e})") from None
-    except (UnicodeDecodeError, ValueError) as e:
-        raise BuildError(f"{where}: not JSON ({e})") from None
+    data = parse_json(raw, where, "not JSON")  # one line for any malformed JSON, too deep a nesting included
     if isinstance(data, dict) and "model" in data and "scales" not in data:  # a section per model file
         data = data["model"]
     scales = data.get("scales") if isinstance(data, dict) else None

@@ -108,6 +108,8 @@ def test_genai_generates_with_an_int8_cache(tiny_llama, scales, tmp_path):
 
 BAD_FILES = {
     "not JSON": ("{", "not JSON"),
+    "nested too deeply": ("[" * 100_000 + "]" * 100_000, "not JSON (nested too deeply)"),  # a traceback before
+    "not UTF-8": (b"{\xff}", "not JSON"),
     "no scales": ({"k_scales": [1]}, 'expected {"scales"'),
     "too few layers": ({"scales": {"k_scales": [0.1], "v_scales": [0.1]}}, "k_scales has 1 entries for 2 KV layers"),
     "negative": ({"scales": {"k_scales": [0.1, -0.1], "v_scales": [0.1, 0.1]}}, "scales must be finite, positive"),
@@ -125,7 +127,10 @@ BAD_FILES = {
 def test_malformed_scales_files_are_one_line(tiny_llama, tmp_path, capsys, case):
     content, message = BAD_FILES[case]
     path = tmp_path / "scales.json"
-    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
     assert_refused(capsys, tmp_path, ["-m", tiny_llama, "-p", "fp32", "--kv-cache", "int8-per-tensor",
                                       "--kv-cache-scales", path], message)
 
