@@ -39,15 +39,16 @@ VARIANTS: dict[str, dict[str, Any]] = {
 STRUCTURE = {"Qwen3VLForConditionalGeneration": dict(qk_norm=True, model_type="qwen3")}
 
 
-def deepstack(d: Decoder, j: int) -> ir.Value | None:
-    """DeepStack feature j: inputs_embeds' slice j + 1 of width hidden (B, S, H), added after layer
-    j; None past the ones inputs_embeds carries (or without a package)."""
+def add_deepstack(d: Decoder, j: int) -> None:
+    """DeepStack feature j, inputs_embeds' slice j + 1 of width hidden (B, S, H), added to the
+    stream after layer j; nothing past the ones inputs_embeds carries (or without a package)."""
     embeds, H = d.io.inputs_embeds, d.c.hidden_size
     if embeds is None or (j + 2) * H > embeds.shape[-1]:
-        return None
+        return
     with d.g.scope("deepstack"):
-        return d.g.op.Slice(embeds, d.g.constant([(j + 1) * H], np.int64), d.g.constant([(j + 2) * H], np.int64),
-                            d.g.constant([-1], np.int64))
+        features = d.g.op.Slice(embeds, d.g.constant([(j + 1) * H], np.int64), d.g.constant([(j + 2) * H], np.int64),
+                                d.g.constant([-1], np.int64))
+    d.stream.add(features)
 
 
 def embed(d: Decoder) -> ir.Value:
@@ -63,9 +64,7 @@ def embed(d: Decoder) -> ir.Value:
 def layer(d: Decoder, w: Weights, i: int):
     """Qwen3VLTextDecoderLayer (Qwen3's), then layer i's DeepStack features added to the stream."""
     presents = decoder_layer(d, w, i)
-    features = deepstack(d, i)
-    if features is not None:
-        d.stream.add(features)
+    add_deepstack(d, i)
     return presents
 
 

@@ -60,9 +60,7 @@ def mlp(d: Decoder, h, m: Weights, i: int):
 def layer(d: Decoder, w: Weights, i: int):
     """Qwen3VLMoeTextDecoderLayer, then layer i's DeepStack features added to the stream."""
     presents = moe_layer(d, w, i, mlp)
-    features = qwen3_vl.deepstack(d, i)
-    if features is not None:
-        d.stream.add(features)
+    qwen3_vl.add_deepstack(d, i)
     return presents
 
 
