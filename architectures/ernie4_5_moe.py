@@ -22,6 +22,7 @@ from typing import Any
 from architectures.moe import dense_mlp, expert_matrices, parse_whole_head, pre_norm_layer
 from builder.architecture import Weights, attention_weights
 from builder.blocks import AttentionSpec, linear
+from builder.blocks.float_ops import op_dtype, to_dtype
 from builder.blocks.moe import routed_experts
 from builder.decoder_config import DecoderConfig
 from builder.family import Decoder, Family, register
@@ -71,7 +72,8 @@ def sparse_moe_block(d: Decoder, h, m: Weights):
         p = g.op.Softmax(scores, axis=-1)  # (B, S, E)
         bias = g.weight("moe_statics.e_score_correction_bias",
                         m("moe_statics.e_score_correction_bias", 1, E).astype(target.io_dtype))  # (1, E)
-        index = g.op.TopK(g.op.Add(p, bias), g.constant([k], "int64"), axis=-1, _outputs=2)[1]  # (B, S, k)
+        biased = to_dtype(g, g.op.Add(p, bias), target.io_dtype, op_dtype(target.io_dtype))
+        index = g.op.TopK(biased, g.constant([k], "int64"), axis=-1, _outputs=2)[1]  # (B, S, k)
         weight = g.op.GatherElements(p, index, axis=-1)  # (B, S, k): unbiased
         total = g.op.ReduceSum(weight, g.constant([-1], "int64"), keepdims=1)  # (B, S, 1)
         floor = g.op.CastLike(g.constant(c.moe_norm_min, "float32"), total)

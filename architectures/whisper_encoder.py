@@ -19,6 +19,7 @@ import onnx_ir as ir
 from architectures.whisper_config import FRAMES, WhisperConfig
 from builder.architecture import Weights
 from builder.blocks import ResidualStream, linear, plain_mlp
+from builder.blocks.float_ops import op_dtype, to_dtype
 from builder.graph import Graph
 from builder.inputs.source import Checkpoint
 from builder.io import BATCH, tensor_type
@@ -71,13 +72,14 @@ def convolutions(g: Graph, features: ir.Value, e: Weights, c: WhisperConfig, tar
     """conv1 (kernel 3, padding 1) and conv2 (kernel 3, stride 2, padding 1), each followed by GELU,
     then the positional table: (B, mels, 3000) -> (B, 1500, d)."""
     d, dtype = c.d_model, target.io_dtype
-    x = features
+    conv = op_dtype(dtype)
+    x = to_dtype(g, features, dtype, conv)
     for name, inputs, stride in (("conv1", c.num_mel_bins, 1), ("conv2", d, 2)):
         with g.scope(name):
-            weight = g.weight("weight", e(f"{name}.weight", d, inputs, 3).astype(dtype))
-            bias = g.weight("bias", e(f"{name}.bias", d).astype(dtype))
+            weight = g.weight("weight", e(f"{name}.weight", d, inputs, 3).astype(conv))
+            bias = g.weight("bias", e(f"{name}.bias", d).astype(conv))
             x = g.op.Gelu(g.op.Conv(x, weight, bias, kernel_shape=[3], pads=[1, 1], strides=[stride]))
-    x = g.op.Transpose(x, perm=[0, 2, 1])  # (B, d, 1500) -> (B, 1500, d)
+    x = g.op.Transpose(to_dtype(g, x, conv, dtype), perm=[0, 2, 1])  # (B, d, 1500) -> (B, 1500, d)
     with g.scope("embed_positions"):
         positions = g.weight("weight", e("embed_positions.weight", c.max_source_positions, d).astype(dtype))
     return g.op.Add(x, positions)

@@ -31,6 +31,7 @@ from dataclasses import replace
 import numpy as np
 import onnx_ir as ir
 
+from builder.blocks.float_ops import op_dtype, to_dtype
 from builder.blocks.linear import linear, module_name
 from builder.errors import BuildError
 from builder.graph import Graph
@@ -168,9 +169,11 @@ def sparse_moe(
     if normalize:
         return y
     with g.scope("router_mass"):
-        top = g.op.TopK(g.op.Softmax(scores, axis=-1), g.constant([top_k], "int64"), axis=-1, _outputs=2)[0]
+        dtype = op_dtype(target.io_dtype)
+        p = to_dtype(g, g.op.Softmax(scores, axis=-1), target.io_dtype, dtype)
+        top = g.op.TopK(p, g.constant([top_k], "int64"), axis=-1, _outputs=2)[0]
         mass = g.op.ReduceSum(top, g.constant([-1], "int64"), keepdims=1)  # (B, S, k) -> (B, S, 1)
-        return g.op.Mul(y, mass)  # (B, S, H) · (B, S, 1)
+        return g.op.Mul(y, to_dtype(g, mass, dtype, target.io_dtype))  # (B, S, H) · (B, S, 1)
 
 
 def routed_experts(g: Graph, x: ir.Value, scores: ir.Value, index: ir.Value, weight: ir.Value, top_k: int,

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
+from builder.blocks.float_ops import op_dtype, to_dtype
 from builder.graph import Graph
 from builder.lazy import Weight
 from builder.target import Target
@@ -55,10 +56,11 @@ def causal_conv(
         seq_first = g.op.Transpose(g.op.Mul(x, pad.keep), perm=[0, 2, 1])  # (B, C, S)
         window = g.op.Concat(past, seq_first, axis=2)  # (B, C, kernel−1+S)
         present = _state_before(g, window, pad.ends, kernel - 1)
-        w = g.weight("weight", weight.astype(target.io_dtype))
-        b = g.weight("bias", bias.astype(target.io_dtype)) if bias is not None else None
-        y = g.op.Conv(window, w, b, group=channels, kernel_shape=[kernel])  # (B, C, S)
-        return g.op.Transpose(y, perm=[0, 2, 1]), present
+        conv = op_dtype(target.io_dtype)
+        w = g.weight("weight", weight.astype(conv))
+        b = g.weight("bias", bias.astype(conv)) if bias is not None else None
+        y = g.op.Conv(to_dtype(g, window, target.io_dtype, conv), w, b, group=channels, kernel_shape=[kernel])  # (B, C, S)
+        return g.op.Transpose(to_dtype(g, y, conv, target.io_dtype), perm=[0, 2, 1]), present
 
 
 def _state_before(g: Graph, window: ir.Value, ends: ir.Value, length: int) -> ir.Value:

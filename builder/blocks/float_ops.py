@@ -1,0 +1,28 @@
+"""Operators whose ONNX schema at builder's opset (21) has no bfloat16: Conv, TopK, Softplus. A bfloat16
+build runs them in float32, with a Cast on each side; other dtypes run them as they are.
+
+Example:
+    conv = op_dtype(target.io_dtype)                       # float32 for a bfloat16 build
+    y = g.op.Conv(to_dtype(g, x, target.io_dtype, conv), w.astype(conv), ...)
+    y = to_dtype(g, y, conv, target.io_dtype)
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx_ir as ir
+
+from builder.graph import Graph
+
+
+def op_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype Conv, TopK and Softplus run in for activations of `dtype`."""
+    return np.dtype(np.float32) if np.dtype(dtype) == ml_dtypes.bfloat16 else np.dtype(dtype)
+
+
+def to_dtype(g: Graph, x: ir.Value, dtype: np.dtype, to: np.dtype) -> ir.Value:
+    """x (of `dtype`) as `to`: x itself when they are the same."""
+    if np.dtype(dtype) == np.dtype(to):
+        return x
+    return g.op.Cast(x, to=ir.DataType.from_numpy(np.dtype(to)))
