@@ -17,6 +17,7 @@ import onnx_ir as ir
 
 from architectures import llama
 from builder.architecture import Weights
+from builder.blocks.float_ops import op_dtype, to_dtype
 from builder.blocks.linear import linear
 from builder.blocks.mlp import activation
 from builder.errors import BuildError
@@ -79,7 +80,8 @@ def xielu(g: Graph, x: ir.Value, act: Weights, target: Target) -> ir.Value:
     half_tanh = g.op.Tanh(g.op.Mul(g.op.Min(x, eps), g.constant(0.5, dtype)))
     expm1 = g.op.Div(g.op.Add(half_tanh, half_tanh), g.op.Sub(g.constant(1.0, dtype), half_tanh))
     negative = g.op.Mul(alpha_n, g.op.Sub(expm1, x))
-    branch = g.op.Where(g.op.Greater(x, g.constant(0.0, dtype)), positive, negative)
+    compared = op_dtype(dtype)  # ONNX Runtime's CUDA Greater takes no bfloat16 (blocks.float_ops)
+    branch = g.op.Where(g.op.Greater(to_dtype(g, x, dtype, compared), g.constant(0.0, compared)), positive, negative)
     return g.op.Add(branch, g.op.Mul(beta, x))
 
 

@@ -89,7 +89,7 @@ def sparse_moe_block(d: Decoder, h, m: Weights):
     with g.scope("gate"):  # the router stays in float, as every MoE router here
         scores = linear(g, h, m("gate.weight", E, H), replace(d.target, quantization=None))  # (B, S, E)
     with g.scope("sparsemixer"):
-        index, weight = sparsemixer(g, scores, c.router_jitter_noise)  # (B, S, 2) each
+        index, weight = sparsemixer(g, scores, c.router_jitter_noise, d.target.io_dtype)  # (B, S, 2) each
     return routed_experts(g, h, scores, index, weight, 2, [x("w1.weight", I, H) for x in experts],
                           [x("w3.weight", I, H) for x in experts], [x("w2.weight", H, I) for x in experts], d.target)
 

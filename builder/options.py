@@ -265,6 +265,7 @@ class BuildOptions:
                 int8_layers=tuple(self.int8_layers),
                 mixed=self.mixed,
                 qdq=self.qdq,
+                flat_lookup_zero_points=provider.flat_lookup_zero_points,
             )
         return Target(
             io_dtype=_DTYPES[self.resolved_io_dtype], execution_provider=ep, quantization=quantization,

@@ -48,6 +48,16 @@ class Provider:
         gelu_op: ONNX's Gelu (opset 20); without it, GELU in plain ops.
         needs_every_kernel: a node the provider has no kernel for is refused, not left to ONNX
             Runtime's CPU fallback (DirectML captures the graph, which a CPU node breaks).
+        qmoe_k_tile: CUDA's QMoE (ONNX Runtime 1.31): the node must say its weights are in the raw
+            [E, N, K/pack] layout (weights_prepacked=0), which the kernel repacks at load; left
+            out, the kernel reads them as already repacked and returns wrong numbers without an
+            error (measured on an H200). Hidden and expert intermediate sizes must be multiples of
+            this tile. 0: no such kernel (the CPU's QMoE takes the raw layout without the attribute).
+        flat_lookup_zero_points: its GatherBlockQuantized reads 4-bit zero points packed over the
+            flattened [N·k_blocks] table (CUDA's kernel, ONNX Runtime 1.31: block = flat index /
+            block_size), where MatMulNBits' rows, whose zero points a tied lookup shares, start each
+            on a byte: with an odd number of blocks a row the lookup gets its own repacked copy
+            (logits off by more than their size on an H200 before).
     """
 
     name: str
@@ -66,6 +76,8 @@ class Provider:
     fused_matmul: bool = True
     gelu_op: bool = True
     needs_every_kernel: bool = False
+    qmoe_k_tile: int = 0
+    flat_lookup_zero_points: bool = False
 
     def provider_options(self) -> list[dict[str, Any]]:
         """genai_config.json's session_options.provider_options (empty: the CPU)."""
@@ -75,7 +87,8 @@ class Provider:
 PROVIDERS: dict[str, Provider] = {p.name: p for p in (
     # fp32 first: MatMulNBits' fastest CPU path; bf16 has no CPU GroupQueryAttention kernel.
     Provider("cpu", "cpu", io_dtypes=("fp32", "fp16"), accuracy_level=4, windowed_kv_cache=True),
-    Provider("cuda", "cuda", {"enable_cuda_graph": "0"}, io_dtypes=("fp16", "bf16"), windowed_kv_cache=True),
+    Provider("cuda", "cuda", {"enable_cuda_graph": "0"}, io_dtypes=("fp16", "bf16"), windowed_kv_cache=True,
+             qmoe_k_tile=64, flat_lookup_zero_points=True),
     # DirectML has no GatherBlockQuantized kernel (docs/OperatorKernels.md; onnxruntime-genai's builder
     # writes one for a tied int4 vocabulary all the same): its lookup reads a float table.
     Provider("dml", "dml", {"enable_graph_capture": "1"}, fused_rotary=False, position_ids=True, packed_qkv=False,

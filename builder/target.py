@@ -44,6 +44,8 @@ class Quantization:
             number of decoder layers is known.
         qdq: the weights as blocked DequantizeLinear + MatMul (the QDQ form) instead of
             MatMulNBits: the same codes and scales (blocks.linear's QDQ layout).
+        flat_lookup_zero_points: a quantized lookup's 4-bit zero points also packed over the
+            flattened table, for the provider's GatherBlockQuantized (Provider.flat_lookup_zero_points).
     """
 
     bits: int = 4
@@ -57,6 +59,7 @@ class Quantization:
     int8_layers: tuple[str, ...] = field(default_factory=tuple)
     mixed: bool = False
     qdq: bool = False
+    flat_lookup_zero_points: bool = False
 
     def __post_init__(self) -> None:
         for name, value in BITS_DEFAULTS.get(self.bits, {}).items():
@@ -80,6 +83,15 @@ class Quantization:
     def bits_for(self, module: str, sources: tuple[str, ...] = ()) -> int:
         """The bits of the quantized layer at `module`: 8 where an int8_layers pattern matches."""
         return 8 if any(matches(p, (module, *sources)) for p in self.int8_layers) else self.bits
+
+
+def dividing_block(block: int, *sizes: int) -> int | None:
+    """The largest power of two from `block` down to 16 that divides every size (None: none does)."""
+    while block >= 16:
+        if all(size % block == 0 for size in sizes):
+            return block
+        block //= 2
+    return None
 
 
 # The modules that play llama.cpp's attn_v and ffn_down roles, by the families' own names: a gated

@@ -82,6 +82,25 @@ def check_verifiable(options: BuildOptions) -> None:
         raise BuildError("--verify runs ONNX Runtime on the CPU, which has no bfloat16 kernels; verify a fp16 build")
 
 
+def _cpu_model(path: Path, session_options) -> str | bytes:
+    """The model as the CPU runs it: a lookup given zero points packed over the whole table for
+    CUDA's GatherBlockQuantized (Quantization.flat_lookup_zero_points) reads the rows' own copy,
+    which the CPU kernel's indexing expects; other models by their path."""
+    import onnx
+
+    model = onnx.load(path, load_external_data=False)
+    swapped = False
+    for node in model.graph.node:
+        if node.op_type == "GatherBlockQuantized" and len(node.input) > 3 and node.input[3].endswith("lookup_zero_points"):
+            node.input[3] = node.input[3][: -len("lookup_zero_points")] + "zero_points"
+            swapped = True
+    if not swapped:
+        return str(path)
+    session_options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(path.parent))
+    session_options.log_severity_level = 3  # not "Removing initializer ...lookup_zero_points": unused here, by design
+    return model.SerializeToString()
+
+
 def _gguf_input(options: BuildOptions) -> Path | None:
     """The GGUF file a build reads, when --input or --model names one (or a folder of one); None
     otherwise (a hub id is never GGUF: builder downloads safetensors only)."""
@@ -297,7 +316,8 @@ def verify(options: BuildOptions, output: Path, folder: Path, quiet: bool = Fals
     session_options = ort.SessionOptions()
     for key, value in config_entries(decoder.get("session_options", {})).items():  # as onnxruntime-genai sets them
         session_options.add_session_config_entry(key, value)
-    session = ort.InferenceSession(str(output / "model.onnx"), session_options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(_cpu_model(output / "model.onnx", session_options), session_options,
+                                   providers=["CPUExecutionProvider"])
     window = decoder.get("sliding_window") or {}
     ids = _prompt(folder, genai["vocab_size"])
     dtype = np.float16 if options.resolved_io_dtype == "fp16" else np.float32

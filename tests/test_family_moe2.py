@@ -132,7 +132,7 @@ def test_sparsemixer_matches_transformers():
     from transformers.models.phimoe.modeling_phimoe import sparsemixer as reference
 
     scores = np.random.default_rng(0).standard_normal((2, 5, 8)).astype(np.float32) * 2
-    got_index, got_weight = run(lambda g, x: list(sparsemixer(g, x, 0.2)), scores)
+    got_index, got_weight = run(lambda g, x: list(sparsemixer(g, x, 0.2, np.float32)), scores)
     want_weight, want_index = reference(torch.from_numpy(scores).reshape(-1, 8), 0.2, training=False)
     assert np.array_equal(got_index.reshape(-1, 2), want_index.numpy())
     np.testing.assert_allclose(got_weight.reshape(-1, 2), want_weight.numpy(), rtol=1e-6)

@@ -32,7 +32,7 @@ def embedding(
             wanted = (q.embeddings and q.bits == 4) or (q.bits == 4 and bits == 8)
         if wanted:
             bits = bits if weight.blocks is not None else target.lookup_bits(bits)
-            shared = quantized_weight(g, weight, q, target.io_dtype, bits)
+            shared = quantized_weight(g, weight, q, target.io_dtype, bits, lookup=True)
     if isinstance(shared, QuantizedValues):
         x = _gather_quantized(g, input_ids, shared, target)
     else:
@@ -55,7 +55,7 @@ def _gather_quantized(g: Graph, input_ids: ir.Value, m: QuantizedValues, target:
         # MatMulNBits' B [N, k_blocks, block_size·bits/8] holds the same bytes as rows of [N, padded·bits/8].
         data = g.op.Reshape(m.data, g.constant([m.n, padded * bits // 8], "int64"))
         x = g.ms.GatherBlockQuantized(
-            data, input_ids, m.scales, m.zero_points,
+            data, input_ids, m.scales, m.lookup_zero_points or m.zero_points,
             bits=bits, block_size=block_size, gather_axis=0, quantize_axis=1,
         )  # (B, S, padded)
     if m.offsets is not None:  # each block's minimum (GGUF Q4_1, K-quants), added to its values

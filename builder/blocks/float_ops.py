@@ -1,5 +1,7 @@
-"""Operators whose ONNX schema at builder's opset (21) has no bfloat16: Conv, TopK, Softplus. A bfloat16
-build runs them in float32, with a Cast on each side; other dtypes run them as they are.
+"""Operators a bfloat16 build runs in float32, with a Cast on each side: Conv, TopK and Softplus,
+whose ONNX schemas at builder's opset (21) have no bfloat16, and Log, Greater, ArgMax and Pad,
+which ONNX Runtime 1.31 has no bfloat16 kernel for on CUDA (nor the CPU: the session fails, no
+provider for the node; seen on an H200 with scripts/cuda_check.py). Other dtypes run them as they are.
 
 Example:
     conv = op_dtype(target.io_dtype)                       # float32 for a bfloat16 build
@@ -17,7 +19,7 @@ from builder.graph import Graph
 
 
 def op_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype Conv, TopK and Softplus run in for activations of `dtype`."""
+    """The dtype those operators run in for activations of `dtype`."""
     return np.dtype(np.float32) if np.dtype(dtype) == ml_dtypes.bfloat16 else np.dtype(dtype)
 
 

@@ -23,7 +23,7 @@ import onnx_ir as ir
 
 from builder.blocks.linear import linear
 from builder.graph import Graph
-from builder.blocks.moe import expert_block_size, quantized_experts, stacked
+from builder.blocks.moe import expert_block_size, qmoe_node, quantized_experts, stacked
 from builder.lazy import Weight
 from builder.target import Target, source_modules
 
@@ -111,8 +111,8 @@ def gpt_oss_experts(g: Graph, x: ir.Value, w: ExpertWeights, top_k: int, alpha: 
             fc1, fc1_scales, _ = quantized_experts(g, (w.fc1,), q, scale_dtype, fc1_sources)
         with g.scope("down_proj"):
             fc2, fc2_scales, _ = quantized_experts(g, (w.fc2,), q, scale_dtype, fc2_sources)
-        return g.ms.QMoE(x, logits, fc1, fc1_scales, fc1_bias, fc2, fc2_scales, fc2_bias, **attributes,
-                         expert_weight_bits=q.bits, block_size=q.block_size, accuracy_level=q.accuracy_level)
+        return qmoe_node(g, [x, logits, fc1, fc1_scales, fc1_bias, fc2, fc2_scales, fc2_bias], attributes, q, target,
+                         hidden, inter)
 
 
 __all__ = ["FP4_VALUES", "ExpertWeights", "expert_matrices", "gpt_oss_experts", "mxfp4_decode"]

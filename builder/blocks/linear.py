@@ -43,6 +43,7 @@ class QuantizedValues:
     offsets: ir.Value | None = None  # float [k_blocks, N]: each block's minimum (GGUF Q4_1, K-quants)
     input_order: ir.Value | None = None  # int64 [K]: B's input features in this order (GPTQ act-order)
     qdq: bool = False  # the QDQ layout: data [K, N] (u)int4/(u)int8, scales and zero points [k_blocks, N]
+    lookup_zero_points: ir.Value | None = None  # zero_points packed over the whole table (Quantization.flat_lookup_zero_points)
 
 
 def module_name(g: Graph) -> str:
@@ -51,24 +52,33 @@ def module_name(g: Graph) -> str:
 
 
 def quantized_weight(g: Graph, weight: Weight, q: Quantization, scale_dtype: np.dtype,
-                     bits: int | None = None) -> QuantizedValues:
+                     bits: int | None = None, lookup: bool = False) -> QuantizedValues:
     """Registers B, scales (and zero points) as lazy initializers sharing one quantization, to
     `bits` (default: the build's). A weight the checkpoint stores already quantized
-    (`weight.blocks`) is written as it is stored, with its own bits and block size: no float round trip."""
+    (`weight.blocks`) is written as it is stored, with its own bits and block size: no float round trip.
+    `lookup`: a GatherBlockQuantized reads it too (a tied or quantized embedding table), which may
+    need its zero points packed over the whole table (Quantization.flat_lookup_zero_points)."""
     if weight.blocks is not None:
         return _stored_blocks(g, weight, scale_dtype, q.qdq)
     bits = bits or q.bits
     n, k = weight.shape
+    k_blocks = -(-k // q.block_size)
+    flat = lookup and q.flat_lookup_zero_points and bits == 4 and not q.symmetric and not q.qdq and k_blocks % 2 == 1
 
     def compute() -> dict[str, np.ndarray]:
         m = weight.apply(lambda rows: quantize(rows, bits, q.block_size, q.symmetric, scale_dtype, q.method))
         parts = {"data": m.data, "scales": m.scales}
         if m.zero_points is not None:
             parts["zero_points"] = m.zero_points
+        if flat:  # the rows' codes one after another, the tail byte's high half zero; same shape
+            codes = pack_codes(unpack_codes(m.zero_points, 4)[:, :k_blocks].reshape(1, -1), 4).reshape(-1)
+            parts["lookup_zero_points"] = np.zeros(m.zero_points.shape, np.uint8)
+            parts["lookup_zero_points"].reshape(-1)[: codes.size] = codes
         return qdq_parts(parts, k, bits, q.block_size) if q.qdq else parts
 
     shared = SharedResult(compute)
     shapes = _part_shapes(n, k, bits, q.block_size, q.qdq, not q.symmetric)
+    shapes["lookup_zero_points"] = shapes["zero_points"]
 
     def register(part: str) -> ir.Value:
         return _register(g, shared, weight, part, *shapes[part], scale_dtype)
@@ -81,6 +91,7 @@ def quantized_weight(g: Graph, weight: Weight, q: Quantization, scale_dtype: np.
         k=k,
         bits=bits,
         qdq=q.qdq,
+        lookup_zero_points=register("lookup_zero_points") if flat else None,
     )
 
 

@@ -36,7 +36,8 @@ def shared_vocabulary(g: Graph, weight: Weight, target: Target) -> Shared | None
     elif q.bits != 4:  # an int8 build of float weights
         return None
     with g.scope("lm_head"):
-        return quantized_weight(g, weight, q, target.io_dtype, q.bits_for("lm_head", source_modules(weight.sources)))
+        return quantized_weight(g, weight, q, target.io_dtype, q.bits_for("lm_head", source_modules(weight.sources)),
+                                lookup=True)
 
 
 def last_positions(g: Graph, h: ir.Value, seqlens_k: ir.Value) -> ir.Value:

@@ -38,7 +38,7 @@ from builder.graph import Graph
 from builder.lazy import Weight
 from builder.materialize import StackedResult
 from builder.quantize import packed_shapes, quantize
-from builder.target import Quantization, Target, source_modules
+from builder.target import Quantization, Target, dividing_block, source_modules
 
 
 def _sources(*groups: Sequence[Weight]) -> tuple[str, ...]:
@@ -100,12 +100,7 @@ def expert_block_size(h: int, i: int, q: Quantization) -> int:
     if q.bits == 4 and (h % 2 or i % 2):
         raise BuildError(f"4-bit QMoE needs even hidden ({h}) and expert intermediate ({i}) sizes: "
                          "its rows hold two codes a byte")
-    block = q.block_size
-    while block >= 16:
-        if h % block == 0 and i % block == 0:
-            return block
-        block //= 2
-    return q.block_size
+    return dividing_block(q.block_size, h, i) or q.block_size
 
 
 def quantized_experts(g: Graph, parts: Sequence[Sequence[Weight]], q: Quantization, scale_dtype: np.dtype,
@@ -192,7 +187,9 @@ def routed_experts(g: Graph, x: ir.Value, scores: ir.Value, index: ir.Value, wei
     E = len(gate)
     with g.scope("routing"):
         floor = g.op.Expand(g.constant(-1e4, target.io_dtype), g.op.Shape(scores))  # (B, S, E)
-        chosen = g.op.ScatterElements(floor, index, g.op.Log(weight), axis=-1)  # (B, S, E)
+        dtype = op_dtype(target.io_dtype)
+        log = to_dtype(g, g.op.Log(to_dtype(g, weight, target.io_dtype, dtype)), dtype, target.io_dtype)
+        chosen = g.op.ScatterElements(floor, index, log, axis=-1)  # (B, S, E)
         logits = g.op.Reshape(chosen, g.constant([-1, E], "int64"))  # (B·S, E)
         mass = g.op.ReduceSum(weight, g.constant([-1], "int64"), keepdims=1)  # (B, S, k) -> (B, S, 1)
     attributes = dict(k=top_k, activation_type="swiglu", swiglu_fusion=1, activation_alpha=alpha,
@@ -271,13 +268,15 @@ def _best_groups(g: Graph, scores: ir.Value, E: int, n_group: int, topk_group: i
     return g.op.Reshape(kept, g.op.Shape(scores))  # (B, S, E)
 
 
-def sparsemixer(g: Graph, scores: ir.Value, jitter_eps: float) -> tuple[ir.Value, ir.Value]:
+def sparsemixer(g: Graph, scores: ir.Value, jitter_eps: float, dtype: np.dtype) -> tuple[ir.Value, ir.Value]:
     """Phi-3.5-MoE's top-2 router at inference (transformers/models/phimoe/modeling_phimoe.py,
-    `sparsemixer` with training=False) on router logits (B, S, E): expert j is the argmax of the
-    logits with the earlier choices at −∞; its weight is its probability under a softmax over only
-    the logits within a relative 2·jitter_eps of that maximum, (max − s) / max(|s|, max) ≤ 2·eps.
-    Returns (index (B, S, 2) int64, weight (B, S, 2))."""
+    `sparsemixer` with training=False) on router logits (B, S, E) of `dtype`: expert j is the argmax
+    of the logits with the earlier choices at −∞; its weight is its probability under a softmax over
+    only the logits within a relative 2·jitter_eps of that maximum, (max − s) / max(|s|, max) ≤ 2·eps.
+    Returns (index (B, S, 2) int64, weight (B, S, 2) of `dtype`). In float32 for bfloat16, which
+    ONNX Runtime's CUDA ArgMax and Greater do not take (blocks.float_ops)."""
     minus_inf, last = g.constant(-np.inf, np.float32), g.constant([-1], "int64")
+    scores = to_dtype(g, scores, dtype, op_dtype(dtype))
     masked, indices, weights = scores, [], []
     for j in range(2):
         with g.scope(f"top{j + 1}"):
@@ -290,7 +289,26 @@ def sparsemixer(g: Graph, scores: ir.Value, jitter_eps: float) -> tuple[ir.Value
             indices.append(index)
             weights.append(g.op.GatherElements(p, index, axis=-1))  # (B, S, 1)
             masked = g.op.ScatterElements(masked, index, g.op.Expand(inf, g.op.Shape(index)), axis=-1)
-    return g.op.Concat(*indices, axis=-1), g.op.Concat(*weights, axis=-1)
+    return g.op.Concat(*indices, axis=-1), to_dtype(g, g.op.Concat(*weights, axis=-1), op_dtype(dtype), dtype)
+
+
+def qmoe_node(g: Graph, inputs: list[ir.Value | None], attributes: dict, q: Quantization, target: Target,
+              hidden: int, inter: int) -> ir.Value:
+    """The QMoE node over `inputs` (trailing absent ones left out), its weights in the raw
+    [E, N, K·bits/8] layout; CUDA's kernel is told so and its size rule checked (Provider.qmoe_k_tile)."""
+    inputs = list(inputs)
+    while inputs[-1] is None:
+        inputs.pop()
+    tile = target.provider.qmoe_k_tile
+    if tile:
+        if hidden % tile or inter % tile:
+            ep = target.execution_provider
+            raise BuildError(f"-e {ep}: ONNX Runtime's {ep} QMoE needs hidden ({hidden}) and expert intermediate "
+                             f"({inter}) sizes that are multiples of {tile}; keep the experts in float "
+                             "(--float-layers '*.experts') or build for another provider")
+        attributes = {**attributes, "weights_prepacked": 0}
+    return g.ms.QMoE(*inputs, **attributes, expert_weight_bits=q.bits, block_size=q.block_size,
+                     accuracy_level=q.accuracy_level)
 
 
 def _experts(g: Graph, x: ir.Value, logits: ir.Value, gate: Sequence[Weight], up: Sequence[Weight],
@@ -307,15 +325,12 @@ def _experts(g: Graph, x: ir.Value, logits: ir.Value, gate: Sequence[Weight], up
                 w1, s1, z1 = quantized_experts(g, (gate, up), q, target.io_dtype, _sources(gate, up))
             with g.scope("down_proj"):
                 w2, s2, z2 = quantized_experts(g, (down,), q, target.io_dtype, _sources(down))
-            inputs = [x, logits, w1, s1, None, w2, s2, None, None, None, None, z1, z2]
-            while inputs[-1] is None:  # trailing optional inputs left out
-                inputs.pop()
-            return g.ms.QMoE(*inputs, **attributes, expert_weight_bits=q.bits, block_size=q.block_size,
-                             accuracy_level=q.accuracy_level)
+            return qmoe_node(g, [x, logits, w1, s1, None, w2, s2, None, None, None, None, z1, z2], attributes, q,
+                             target, h, i)
         w1 = g.weight("gate_up_proj", stacked_gate_up(gate, up, target.io_dtype))  # (E, 2I, H)
         w2 = g.weight("down_proj", stacked(down, target.io_dtype))  # (E, H, I)
         return g.ms.MoE(x, logits, w1, None, w2, **attributes)
 
 
-__all__ = ["RELU_SQUARED_ALPHA", "expert_block_size", "grouped_sigmoid_router", "grouped_softmax_router", "quantized_experts", "routed_experts", "sparse_moe",
+__all__ = ["RELU_SQUARED_ALPHA", "expert_block_size", "qmoe_node", "grouped_sigmoid_router", "grouped_softmax_router", "quantized_experts", "routed_experts", "sparse_moe",
            "sparsemixer", "stacked", "stacked_gate_up", "unstacked"]
