@@ -5,14 +5,18 @@ transformers on that prompt alone), for the families with windows in FAMILIES (d
 their own window logic, and Mixtral for the mixtures of experts), built with the defaults."""
 
 import json
+import sys
+from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import transformers
 from conftest import TINY
 from helpers import build, make_checkpoint
 from test_genai import NEAR_TIE
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+from genai_batch import genai_generate  # noqa: E402  (re-exported: the family tests import it from here)
 
 WINDOW = 16
 # Prompts whose greedy continuations, with these seeded random tiny models, run long before any
@@ -66,26 +70,6 @@ def continuation(model, ids: list[int], new_tokens: int) -> list[int]:
         if top2[0] - top2[1] < NEAR_TIE:
             return tokens[:step]
     return tokens
-
-
-def genai_generate(folder, prompts: list[list[int]], max_length: int) -> list[list[int]]:
-    """onnxruntime-genai's greedy generation of a batch, padded on the right with the model's pad
-    id (as og.Tokenizer.encode_batch does); returns each row's tokens after the padded prompt."""
-    import onnxruntime_genai as og
-
-    pad = json.loads((folder / "genai_config.json").read_text())["model"]["pad_token_id"]
-    width = max(map(len, prompts))
-    batch = np.full((len(prompts), width), pad, np.int32)
-    for row, ids in enumerate(prompts):
-        batch[row, : len(ids)] = ids
-    model = og.Model(str(folder))
-    params = og.GeneratorParams(model)
-    params.set_search_options(do_sample=False, max_length=max_length, batch_size=len(prompts))
-    generator = og.Generator(model, params)
-    generator.append_tokens(batch)
-    while not generator.is_done():
-        generator.generate_next_token()
-    return [[int(t) for t in generator.get_sequence(row)][width:] for row in range(len(prompts))]
 
 
 def assert_rows_match(model, prompts, generated, new_tokens):
