@@ -125,9 +125,38 @@ def qmoe() -> dict:
             "moe-512x768": (moe(512, 768), variants(32, 64, 128), ("int4-b32-asym", "int4-b128-sym"))}
 
 
+def cpu_session(path: Path):
+    """The model on ONNX Runtime's CPU provider, as --verify runs a CUDA build there (a lookup's
+    zero points packed for CUDA's kernel read from the rows the CPU's kernel expects)."""
+    import onnxruntime as ort
+
+    from builder.verify import _cpu_model
+
+    options = ort.SessionOptions()
+    return ort.InferenceSession(_cpu_model(path, options), options, providers=["CPUExecutionProvider"])
+
+
+def lookup() -> dict:
+    """Tied int4 lookups whose rows hold an odd number of zero-point blocks (CUDA's
+    GatherBlockQuantized reads them packed over the whole table), and an even one."""
+    from helpers import make_checkpoint
+    from test_family_lfm2 import make as make_lfm2
+
+    def tied(hidden):
+        return lambda f: make_checkpoint(f, "LlamaConfig", vocab_size=256, hidden_size=hidden, intermediate_size=128,
+                                         num_hidden_layers=2, num_attention_heads=hidden // 16, num_key_value_heads=1,
+                                         head_dim=16, max_position_embeddings=128, eos_token_id=255,
+                                         tie_word_embeddings=True)
+
+    int4 = {"int4": ["-p", "int4"], "int4-b128": ["-p", "int4", "--block-size", "128"],
+            "int4-sym": ["-p", "int4", "--symmetric"]}
+    return {"tied-h96": (tied(96), int4, ("int4",)), "tied-h80": (tied(80), int4, ()),
+            "tied-h576": (tied(576), int4, ()), "tied-h64": (tied(64), int4, ()),
+            "lfm2": (make_lfm2, {"int4": ["-p", "int4"]}, ("int4",))}
+
+
 def prepare(work: Path, which: str) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    import onnxruntime as ort
     import torch
     import transformers
     from helpers import build, model_logits
@@ -135,7 +164,7 @@ def prepare(work: Path, which: str) -> None:
 
     cases = []
     new_tokens = MAX_LENGTH - max(map(len, RAGGED))
-    for name, (make, variants, genai) in {"families": families, "more": more, "kprobe": kprobe, "qmoe": qmoe}[which]().items():
+    for name, (make, variants, genai) in {"families": families, "more": more, "kprobe": kprobe, "lookup": lookup, "qmoe": qmoe}[which]().items():
         source = make(work / "src" / name)
         model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
         prefill, step, next_id = model_logits(model, PROMPT)
@@ -161,7 +190,7 @@ def prepare(work: Path, which: str) -> None:
             if label.startswith("int"):
                 # The reference for the CUDA kernels: the same file on ONNX Runtime's CPU provider
                 # (which the test suite proves against transformers on the same rounded weights).
-                cpu = Decoder(ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"]), out)
+                cpu = Decoder(cpu_session(out / "model.onnx"), out)
                 refs[f"{label}.prefill"], refs[f"{label}.step"] = cpu.prefill_and_step(PROMPT, next_id)
                 case.update(reference=label, continuations={**rows, label: [cpu.greedy(ids, new_tokens) for ids in RAGGED]})
             cases.append(case)
@@ -432,8 +461,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("step", choices=("prepare", "run", "presets"))
     p.add_argument("work", type=Path)
-    p.add_argument("--set", choices=("families", "more", "kprobe", "qmoe"), default="families",
-                   help="prepare: tiny families at fp16/bf16/int4 (two sets), MatMulNBits by K, or QMoE's sizes, bits and block sizes")
+    p.add_argument("--set", choices=("families", "more", "kprobe", "lookup", "qmoe"), default="families",
+                   help="prepare: tiny families at fp16/bf16/int4 (two sets), MatMulNBits by K, tied int4 lookups, or QMoE's sizes, bits and block sizes")
     p.add_argument("--json", type=Path, help="run: also write the results here")
     args = p.parse_args()
     if args.step == "prepare":
