@@ -42,6 +42,10 @@ VARIANTS = {
     "mixed-rtn": ["--mixed", "--quant-method", "rtn", "--symmetric"],
     "mixed-search-asym": ["--mixed", "--quant-method", "search", "--asymmetric"],
     "int8": ["-p", "int8", "--quant-method", "rtn", "--symmetric"],
+    # Larger blocks: fewer scale bytes a weight (decode reads less), against quality.
+    "search-asym-b64": ["--quant-method", "search", "--asymmetric", "--block-size", "64"],
+    "search-asym-b128": ["--quant-method", "search", "--asymmetric", "--block-size", "128"],
+    "rtn-b128": ["--quant-method", "rtn", "--symmetric", "--block-size", "128"],
     # The mixed preset with more 8-bit layers (for choosing the preset; none is the default).
     "mixed-o": ["--mixed", "--int8-layers", "*.o_proj", "--quant-method", "search", "--asymmetric"],
     "mixed-down": ["--mixed", "--int8-layers", "*.down_proj", "--quant-method", "search", "--asymmetric"],
