@@ -59,7 +59,7 @@ def quantized_weight(g: Graph, weight: Weight, q: Quantization, scale_dtype: np.
     `lookup`: a GatherBlockQuantized reads it too (a tied or quantized embedding table), which may
     need its zero points packed over the whole table (Quantization.flat_lookup_zero_points)."""
     if weight.blocks is not None:
-        return _stored_blocks(g, weight, scale_dtype, q.qdq)
+        return _stored_blocks(g, weight, scale_dtype, q.qdq, lookup and q.flat_lookup_zero_points)
     bits = bits or q.bits
     n, k = weight.shape
     k_blocks = -(-k // q.block_size)
@@ -70,15 +70,13 @@ def quantized_weight(g: Graph, weight: Weight, q: Quantization, scale_dtype: np.
         parts = {"data": m.data, "scales": m.scales}
         if m.zero_points is not None:
             parts["zero_points"] = m.zero_points
-        if flat:  # the rows' codes one after another, the tail byte's high half zero; same shape
-            codes = pack_codes(unpack_codes(m.zero_points, 4)[:, :k_blocks].reshape(1, -1), 4).reshape(-1)
-            parts["lookup_zero_points"] = np.zeros(m.zero_points.shape, np.uint8)
-            parts["lookup_zero_points"].reshape(-1)[: codes.size] = codes
+        if flat:
+            parts["lookup_zero_points"] = _flat_zero_points(m.zero_points, k_blocks)
         return qdq_parts(parts, k, bits, q.block_size) if q.qdq else parts
 
     shared = SharedResult(compute)
     shapes = _part_shapes(n, k, bits, q.block_size, q.qdq, not q.symmetric)
-    shapes["lookup_zero_points"] = shapes["zero_points"]
+    shapes["lookup_zero_points"] = shapes["zero_points"]  # same shape, flat packing
 
     def register(part: str) -> ir.Value:
         return _register(g, shared, weight, part, *shapes[part], scale_dtype)
@@ -149,11 +147,25 @@ def _register(g: Graph, shared: SharedResult, weight: Weight, part: str, shape, 
     return g.lazy_initializer(name, shared.tensor(part, shape, dtype, name), weight.sources if main else ())
 
 
-def _stored_blocks(g: Graph, weight: Weight, scale_dtype: np.dtype, qdq: bool) -> QuantizedValues:
+def _flat_zero_points(zero_points: np.ndarray, k_blocks: int) -> np.ndarray:
+    """4-bit zero points [N, ceil(k_blocks/2)] (each row begun on a byte) packed one row after
+    another instead, in the same shape, the tail's unused halves zero: as CUDA's
+    GatherBlockQuantized reads them (Quantization.flat_lookup_zero_points)."""
+    codes = pack_codes(unpack_codes(zero_points, 4)[:, :k_blocks].reshape(1, -1), 4).reshape(-1)
+    out = np.zeros(zero_points.shape, np.uint8)
+    out.reshape(-1)[: codes.size] = codes
+    return out
+
+
+def _stored_blocks(g: Graph, weight: Weight, scale_dtype: np.dtype, qdq: bool, flat_lookup: bool = False
+                   ) -> QuantizedValues:
     """B, scales, and what the format stores besides (zero points, per-block offsets) straight from
-    a pre-quantized weight's blocks, in MatMulNBits' or the QDQ layout; its input order as a constant."""
+    a pre-quantized weight's blocks, in MatMulNBits' or the QDQ layout; its input order as a constant.
+    `flat_lookup`: a lookup reads it on a provider that wants its 4-bit zero points flat (quantized_weight)."""
     b = weight.blocks
     n, k = weight.shape
+    k_blocks = -(-k // b.block_size)
+    flat = flat_lookup and b.bits == 4 and b.zero_points and not qdq and k_blocks % 2 == 1
 
     def compute() -> dict[str, np.ndarray]:
         with contextlib.ExitStack() as stack:
@@ -162,12 +174,15 @@ def _stored_blocks(g: Graph, weight: Weight, scale_dtype: np.dtype, qdq: bool) -
             parts = {"data": _owned(data, np.uint8), "scales": _owned(scales, scale_dtype)}
             if zero_points is not None:
                 parts["zero_points"] = _owned(zero_points, np.uint8)
+                if flat:
+                    parts["lookup_zero_points"] = _flat_zero_points(parts["zero_points"], k_blocks)
             if offsets is not None:
                 parts["offsets"] = np.ascontiguousarray(offsets.T, scale_dtype)  # [N, k_blocks] -> [k_blocks, N]
             return qdq_parts(parts, k, b.bits, b.block_size) if qdq else parts
 
     shared = SharedResult(compute)
     shapes = _part_shapes(n, k, b.bits, b.block_size, qdq, b.zero_points)
+    shapes["lookup_zero_points"] = shapes["zero_points"]
 
     def register(part: str) -> ir.Value:
         return _register(g, shared, weight, part, *shapes[part], scale_dtype)
@@ -176,7 +191,8 @@ def _stored_blocks(g: Graph, weight: Weight, scale_dtype: np.dtype, qdq: bool) -
     if b.input_order is not None:
         order = g.weight("input_order", Weight.constant(np.asarray(b.input_order, np.int64)))
     return QuantizedValues(register("data"), register("scales"), register("zero_points") if b.zero_points else None,
-                           n, k, b.bits, b.block_size, register("offsets") if b.offsets else None, order, qdq)
+                           n, k, b.bits, b.block_size, register("offsets") if b.offsets else None, order, qdq,
+                           register("lookup_zero_points") if flat else None)
 
 
 def _owned(array, dtype) -> np.ndarray:
