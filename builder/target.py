@@ -85,15 +85,6 @@ class Quantization:
         return 8 if any(matches(p, (module, *sources)) for p in self.int8_layers) else self.bits
 
 
-def dividing_block(block: int, *sizes: int) -> int | None:
-    """The largest power of two from `block` down to 16 that divides every size (None: none does)."""
-    while block >= 16:
-        if all(size % block == 0 for size in sizes):
-            return block
-        block //= 2
-    return None
-
-
 # The modules that play llama.cpp's attn_v and ffn_down roles, by the families' own names: a gated
 # MLP's down_proj, Phi's fc2 and StarCoder2's c_proj (plain MLPs).
 VALUE_PROJECTIONS = ("v_proj",)

@@ -38,7 +38,7 @@ from builder.graph import Graph
 from builder.lazy import Weight
 from builder.materialize import StackedResult
 from builder.quantize import packed_shapes, quantize
-from builder.target import Quantization, Target, dividing_block, source_modules
+from builder.target import Quantization, Target, source_modules
 
 
 def _sources(*groups: Sequence[Weight]) -> tuple[str, ...]:
@@ -100,7 +100,12 @@ def expert_block_size(h: int, i: int, q: Quantization) -> int:
     if q.bits == 4 and (h % 2 or i % 2):
         raise BuildError(f"4-bit QMoE needs even hidden ({h}) and expert intermediate ({i}) sizes: "
                          "its rows hold two codes a byte")
-    return dividing_block(q.block_size, h, i) or q.block_size
+    block = q.block_size
+    while block >= 16:
+        if h % block == 0 and i % block == 0:
+            return block
+        block //= 2
+    return q.block_size
 
 
 def quantized_experts(g: Graph, parts: Sequence[Sequence[Weight]], q: Quantization, scale_dtype: np.dtype,
