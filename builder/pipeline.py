@@ -201,11 +201,22 @@ def _with_kv_scales(g: Graph, io: DecoderIO, info: DecoderInfo, target, options:
 def check_provider_kernels(model: ir.Model, provider: Provider, what: str) -> None:
     """Nodes the provider has no ONNX Runtime kernel for (builder.provider_kernels): refused where the
     provider needs every kernel (DirectML's captured graph), else a warning that ONNX Runtime runs
-    them on the CPU."""
+    them on the CPU. A node handed bfloat16 that neither the provider nor the CPU has a bfloat16
+    kernel for is refused: ONNX Runtime would refuse the session."""
     if provider.name == "cpu":
         return
-    from builder.provider_kernels import missing, ops_of  # 270 KB of data: only for other providers (50 ms)
+    # 270 KB of data: only for other providers (50 ms)
+    from builder.provider_kernels import TYPES, bfloat16_missing, missing, ops_of
 
+    no_bf16 = bfloat16_missing(model, provider.name)
+    nowhere = [op for op in no_bf16 if "bfloat16" not in TYPES["cpu"].get(op, ())]  # nor the CPU's fallback
+    if nowhere:
+        raise BuildError(f"-e {provider.name} bf16: ONNX Runtime has no bfloat16 kernel for {', '.join(nowhere)} on "
+                         f"{provider.name} or the CPU, which {what} hands bfloat16 (its session would be refused); "
+                         "build fp16 (this is builder's gap: please report it)")
+    if no_bf16:
+        log.warning(f"warning: -e {provider.name} bf16: ONNX Runtime's {provider.name} provider has no bfloat16 kernel "
+                    f"for {', '.join(no_bf16)}, which {what} uses; ONNX Runtime will run those nodes on the CPU")
     gone = missing(ops_of(model), provider.name)
     if not gone:
         return

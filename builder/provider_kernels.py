@@ -14,7 +14,8 @@ from collections.abc import Iterable
 
 from ._provider_kernels_data import KERNELS, PARSER_PROVIDERS, RANGES, SCHEMA_SINCE, TYPES
 
-__all__ = ["KERNELS", "RANGES", "TYPES", "PROVIDERS", "missing", "ops_of", "refusal"]
+__all__ = ["KERNELS", "RANGES", "TYPES", "PROVIDERS", "bfloat16_fed", "bfloat16_missing", "missing", "ops_of",
+           "refusal"]
 
 PROVIDERS = tuple(KERNELS)
 _ONNX = ("", "ai.onnx")
@@ -75,3 +76,60 @@ def refusal(model_ops: Iterable[tuple[str, str, int]], provider: str) -> str | N
     if not gone:
         return None
     return f"the {provider} execution provider has no kernel for {', '.join(gone)} (ONNX Runtime's registered kernels)"
+
+
+# Element types of a node's outputs where they are not its first float input's (bfloat16_fed).
+_BOOL_OUTPUTS = frozenset({"Equal", "Greater", "GreaterOrEqual", "Less", "LessOrEqual", "And", "Or", "Not", "Xor",
+                           "IsNaN", "IsInf"})
+_INT64_OUTPUTS = frozenset({"Shape", "Size", "ArgMax", "ArgMin", "NonZero"})
+# A function ONNX Runtime expands into a Cast: no kernel of its own anywhere.
+_EXPANDED = frozenset({"ai.onnx::CastLike"})
+
+
+def bfloat16_fed(model) -> set[str]:
+    """The "domain::Op" names of an onnx_ir Model's top-level nodes that are handed a bfloat16 input.
+
+    Types are inferred the simple way builder's graphs allow, in node order: initializers and
+    inputs carry theirs; Cast and CastLike give their target; comparisons give bool, Shape and the
+    index ops int64 (and TopK's second output); Where its branches'; any other node its first
+    float input's type, else its first known one."""
+    import onnx_ir as ir
+
+    floats = {ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16, ir.DataType.DOUBLE}
+    types: dict[ir.Value, ir.DataType | None] = {}
+
+    def kind(v: ir.Value | None) -> ir.DataType | None:
+        if v is None:
+            return None
+        return types[v] if v in types else v.dtype
+
+    fed = set()
+    for node in model.graph:
+        inputs = [kind(v) for v in node.inputs]
+        known = [t for t in inputs if t is not None]
+        if ir.DataType.BFLOAT16 in known:
+            fed.add(_key(node.domain, node.op_type))
+        if node.op_type == "Cast":
+            out = ir.DataType(node.attributes["to"].value)
+        elif node.op_type == "CastLike":
+            out = inputs[1]
+        elif node.op_type in _BOOL_OUTPUTS:
+            out = ir.DataType.BOOL
+        elif node.op_type in _INT64_OUTPUTS:
+            out = ir.DataType.INT64
+        elif node.op_type == "Where":
+            out = inputs[1]
+        else:
+            out = next((t for t in known if t in floats), known[0] if known else None)
+        for position, value in enumerate(node.outputs):
+            types[value] = ir.DataType.INT64 if node.op_type == "TopK" and position == 1 else (value.dtype or out)
+    return fed
+
+
+def bfloat16_missing(model, provider: str) -> list[str]:
+    """The operators the model hands bfloat16 that `provider` has kernels for, but none of them
+    bfloat16 (operators with no kernel at all are `missing`'s); sorted. Empty for a provider whose
+    kernels' types the data does not list."""
+    kernels = TYPES.get(provider, {})
+    return sorted(op for op in bfloat16_fed(model) - _EXPANDED
+                  if op in kernels and not {"bfloat16", "bf16"} & set(kernels[op]))  # TensorRT's spelling: bf16

@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import TINY
-from helpers import build, make_checkpoint
+from helpers import add_example_tokenizer, build, make_checkpoint
 from onnx import numpy_helper
 
 from builder.cli import main
@@ -83,3 +83,18 @@ def test_cuda_qmoe_refuses_sizes_its_kernel_cannot_take(tmp_path, capsys, sizes,
     # the suggested way out builds
     assert main(["-m", str(source), "-o", str(tmp_path / "float"), "-e", "cuda", "-p", "int4", "-q",
                  "--float-layers", "*.experts"]) == 0
+
+
+def test_a_bfloat16_node_no_kernel_takes_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    # Before, DeepSeek-V3's routing Log was handed bfloat16, which neither CUDA nor the CPU runs:
+    # the session failed on the GPU. Put back, the build refuses it, and writes nothing.
+    import builder.blocks.moe as moe
+    from test_family_deepseek_v3 import make
+
+    monkeypatch.setattr(moe, "op_dtype", lambda dtype: dtype)
+    source = add_example_tokenizer(make(tmp_path / "src"))
+    capsys.readouterr()
+    assert main(["-m", str(source), "-o", str(tmp_path / "out"), "-e", "cuda", "-p", "bf16", "-q"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no bfloat16 kernel for ai.onnx::Log on cuda or the CPU" in err
+    assert not (tmp_path / "out").exists()
