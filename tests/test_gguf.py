@@ -117,11 +117,31 @@ def test_minimums_and_k_quants_are_lossless(tmp_path, case):
     out = build(path, tmp_path / "out", "-p", "int4", "--accuracy-level", "0")
     model = onnx.load(out / "model.onnx", load_external_data=False)
     ops = [n.op_type for n in model.graph.node]
-    assert ops.count("MatMulNBits") == 5 * 2 + 1  # qkv, o, gate, up, down per layer; lm_head
+    # qkv, o, gate_up (gate and up of one layout: one matrix, one minimum term), down per layer; lm_head
+    assert ops.count("MatMulNBits") == 4 * 2 + 1
+    assert any(n.name.endswith("mlp/gate_up_proj/MatMulNBits") for n in model.graph.node)
     assert ops.count("ReduceSum") >= 2  # the offsets' block sums
     if case == "Q4_1-tied":
         assert "GatherBlockQuantized" in ops
     assert_same_logits(path, out)
+
+
+def test_gate_and_up_as_one_matrix_change_no_logit(tmp_path, monkeypatch):
+    # Fused (one MatMulNBits and one minimum term for both), the logits are those of the two
+    # matrices apart to the bit; a pattern that gives them different bits keeps them apart.
+    import builder.blocks.mlp as mlp
+
+    path = make_gguf(tmp_path, "llama", {"*": "Q4_1"})
+    fused = build(path, tmp_path / "fused", "-p", "int4", "--accuracy-level", "0")
+    original = mlp._fusable
+    monkeypatch.setattr(mlp, "_fusable", lambda *a: False)
+    apart = build(path, tmp_path / "apart", "-p", "int4", "--accuracy-level", "0")
+    monkeypatch.setattr(mlp, "_fusable", original)
+    for got, want in zip(OnnxDecoder(fused).prefill_and_step(PROMPT, 3), OnnxDecoder(apart).prefill_and_step(PROMPT, 3)):
+        assert np.array_equal(got, want)
+    mixed = build(path, tmp_path / "mixed", "-p", "int4", "--int8-layers", "*.up_proj")
+    names = [n.name for n in onnx.load(mixed / "model.onnx", load_external_data=False).graph.node]
+    assert not any("gate_up_proj" in n for n in names) and any("mlp/up_proj/MatMulNBits" in n for n in names)
 
 
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
