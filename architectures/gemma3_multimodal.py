@@ -36,11 +36,10 @@ from builder.blocks.embedding import image_tokens, merge_image_features
 from builder.config_checks import token_id
 from builder.errors import BuildError
 from builder.graph import Graph
-from builder.hf_config import read_json
 from builder.image_processor import extensions_processor
 from builder.inputs.source import Checkpoint
 from builder.io import BATCH, SEQUENCE, tensor_type
-from builder.package import Package
+from builder.package import Package, preprocessor_config, vision_target
 from builder.target import Target
 
 log = logging.getLogger("builder")
@@ -76,14 +75,13 @@ def package(raw: dict[str, Any], folder: Path, ckpt: Checkpoint, text: GemmaConf
     image_token = token_id(raw.get(key, DEFAULT_IMAGE_TOKEN), key)
     if image_token is None:
         image_token = DEFAULT_IMAGE_TOKEN
-    vision_dtype = np.dtype(np.float32) if target.io_dtype != np.float16 else target.io_dtype
-    vision_target = Target(io_dtype=vision_dtype, execution_provider=target.execution_provider)
-    preprocessor = folder / "preprocessor_config.json"
-    pre = read_json(preprocessor, "model") if folder.is_dir() and preprocessor.is_file() else {}
+    tower = vision_target(target)
+    vision_dtype = tower.io_dtype
+    pre = preprocessor_config(folder)
     vision, embedding = Graph(), Graph()
     return Package(
         models={
-            VISION_FILE: gemma3_vision.vision_model(ckpt, vc, vision_target, vision),
+            VISION_FILE: gemma3_vision.vision_model(ckpt, vc, tower, vision),
             EMBEDDING_FILE: embedding_model(ckpt, text, image_token, vision_dtype, target, embedding),
         },
         sources={VISION_FILE: vision.sources, EMBEDDING_FILE: embedding.sources},

@@ -37,11 +37,10 @@ from builder.config_checks import token_id
 from builder.decoder_config import DecoderConfig
 from builder.errors import BuildError
 from builder.graph import Graph
-from builder.hf_config import read_json
 from builder.image_processor import patched_processor
 from builder.inputs.source import Checkpoint
 from builder.io import BATCH, SEQUENCE, tensor_type
-from builder.package import Package
+from builder.package import Package, preprocessor_config, vision_target
 from builder.target import Target
 
 __all__ = ["PROCESSOR_DEFAULTS", "TOKENS", "embedding_model", "has_vision", "package", "vl_package"]
@@ -84,14 +83,13 @@ def vl_package(raw: dict[str, Any], folder: Path, ckpt: Checkpoint, text: Decode
     width = getattr(vc, "features_width", text.hidden_size)
     tokens = {key: token_id(raw.get(key, default), key) for key, default in TOKENS.items()}
     tokens = {key: TOKENS[key] if value is None else value for key, value in tokens.items()}
-    vision_dtype = np.dtype(np.float32) if target.io_dtype != np.float16 else target.io_dtype
-    vision_target = Target(io_dtype=vision_dtype, execution_provider=target.execution_provider)
-    preprocessor = folder / "preprocessor_config.json"
-    pre = read_json(preprocessor, "model") if folder.is_dir() and preprocessor.is_file() else {}
+    tower = vision_target(target)
+    vision_dtype = tower.io_dtype
+    pre = preprocessor_config(folder)
     vision, embedding = Graph(), Graph()
     return Package(
         models={
-            "vision": vision_model(ckpt, vc, vision_target, vision),
+            "vision": vision_model(ckpt, vc, tower, vision),
             "embedding": embedding_model(ckpt, text, tokens["image_token_id"], vision_dtype, target, embedding, width),
         },
         sources={"vision": vision.sources, "embedding": embedding.sources},

@@ -45,9 +45,10 @@ from builder.blocks import ResidualStream, plain_mlp
 from builder.errors import BuildError
 from builder.family import Family, register
 from builder.graph import Graph
-from builder.hf_config import from_dict, read_json
+from builder.hf_config import from_dict
 from builder.inputs.source import Checkpoint
 from builder.io import BATCH, PAST, SEQUENCE, TOTAL, graph_value, logits_dtype, tensor_type
+from builder.package import preprocessor_config
 from builder.target import Target
 
 ENCODER_FILE = "encoder"
@@ -201,8 +202,7 @@ class Package:
 
 def package(raw: dict[str, Any], folder: Path, ckpt: Checkpoint, c: WhisperConfig, target: Target) -> Package:
     """The encoder and the audio processor file of a WhisperForConditionalGeneration checkpoint."""
-    preprocessor = folder / "preprocessor_config.json"
-    pre = read_json(preprocessor, "model") if folder.is_dir() and preprocessor.is_file() else {}
+    pre = preprocessor_config(folder)
     g = Graph()
     return Package(models={ENCODER_FILE: whisper_encoder.encoder_model(ckpt, c, target, g)},
                    sources={ENCODER_FILE: g.sources}, processor=whisper_processor(pre, c.num_mel_bins), config=c)

@@ -8,14 +8,31 @@ describes its models next to model.onnx.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx_ir as ir
 
 from builder.genai_config import with_vision
+from builder.hf_config import read_json
 from builder.image_processor import PROCESSOR_FILE
+from builder.target import Target
 
-__all__ = ["Package"]
+__all__ = ["Package", "preprocessor_config", "vision_target"]
+
+
+def preprocessor_config(folder: Path) -> dict[str, Any]:
+    """The checkpoint folder's preprocessor_config.json (the processor's settings), {} without one."""
+    path = folder / "preprocessor_config.json"
+    return read_json(path, "model") if folder.is_dir() and path.is_file() else {}
+
+
+def vision_target(target: Target) -> Target:
+    """What a vision tower is built for: float16 in a float16 build, else float32 (a quantized or
+    bfloat16 decoder's tower stays float32), unquantized, on the decoder's provider."""
+    dtype = np.dtype(np.float32) if target.io_dtype != np.float16 else target.io_dtype
+    return Target(io_dtype=dtype, execution_provider=target.execution_provider)
 
 
 @dataclass
