@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 IMAGE_TOKENS = {"boi_token_index": "<start_of_image>", "eoi_token_index": "<end_of_image>",
@@ -26,20 +27,32 @@ def byte_chars() -> dict[int, str]:
     return chars
 
 
-def write(folder: Path) -> None:
+def save(folder: Path, vocab: dict[str, int], special: Iterable[str], **tokenizer_config: str) -> None:
+    """tokenizer.json over `vocab` (byte-level, no merges) with the `special` tokens added, and
+    tokenizer_config.json (a fast tokenizer, with `tokenizer_config`'s keys: eos_token, ...)."""
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-    config = json.loads((folder / "config.json").read_text())
-    vocab_size = (config.get("text_config") or config)["vocab_size"]
-    special = {config[k]: name for k, name in IMAGE_TOKENS.items() if k in config}
-    vocab = {c: b for b, c in byte_chars().items()}
-    vocab.update({special.get(i, f"<unused{i}>"): i for i in range(256, vocab_size)})
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens([AddedToken(t, special=True) for t in special.values()])
+    tokenizer.add_special_tokens([AddedToken(t, special=True) for t in special])
     tokenizer.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                                              **tokenizer_config}))
+
+
+def byte_vocab() -> dict[str, int]:
+    """One token per byte: its byte_chars character -> the byte."""
+    return {c: b for b, c in byte_chars().items()}
+
+
+def write(folder: Path) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    vocab_size = (config.get("text_config") or config)["vocab_size"]
+    special = {config[k]: name for k, name in IMAGE_TOKENS.items() if k in config}
+    vocab = byte_vocab()
+    vocab.update({special.get(i, f"<unused{i}>"): i for i in range(256, vocab_size)})
+    save(folder, vocab, special.values())
 
 
 if __name__ == "__main__":

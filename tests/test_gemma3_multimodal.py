@@ -18,7 +18,7 @@ from test_genai import NEAR_TIE
 from builder.cli import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from byte_tokenizer import byte_chars  # noqa: E402
+from byte_tokenizer import byte_vocab, save as save_tokenizer  # noqa: E402
 
 # 128-pixel images of 4-pixel patches: 32x32 patches pooled 2x2 to the 256 tokens genai expects.
 VISION = dict(image_size=128, patch_size=4, num_hidden_layers=2)
@@ -31,15 +31,7 @@ MAX_LENGTH = 300  # the 256 image tokens, their markers and the text, then about
 
 def write_tokenizer(folder):
     """tokenizer.json: one token per byte (no merges) and Gemma 3's image markers as special tokens."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    tokenizer = Tokenizer(models.BPE(vocab={c: b for b, c in byte_chars().items()}, merges=[]))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens([AddedToken(t, special=True) for t in SPECIAL])
-    tokenizer.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<eos>"}))
+    save_tokenizer(folder, byte_vocab(), SPECIAL, eos_token="<eos>")
 
 
 PREPROCESSOR = {  # gemma-3-4b-it's preprocessor_config.json at this image size

@@ -18,7 +18,7 @@ from test_genai import NEAR_TIE
 from builder.cli import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from byte_tokenizer import byte_chars  # noqa: E402
+from byte_tokenizer import byte_vocab, save as save_tokenizer  # noqa: E402
 
 # Byte tokens 0-255, then Qwen's special tokens at these ids.
 SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
@@ -43,15 +43,7 @@ NEW_TOKENS = 16
 
 def write_tokenizer(folder):
     """tokenizer.json: one token per byte (no merges) and Qwen's special tokens after them."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    tokenizer = Tokenizer(models.BPE(vocab={c: b for b, c in byte_chars().items()}, merges=[]))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens([AddedToken(t, special=True) for t in SPECIAL])
-    tokenizer.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}))
+    save_tokenizer(folder, byte_vocab(), SPECIAL, eos_token="<|im_end|>", pad_token="<|endoftext|>")
 
 
 def make_checkpoint(folder: Path, text=TEXT, vision=VISION) -> Path:

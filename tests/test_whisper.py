@@ -19,7 +19,7 @@ from fake_quant import fake_quantize
 from helpers import build, relative_error
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
-from byte_tokenizer import byte_chars  # noqa: E402
+from byte_tokenizer import byte_vocab, save as save_tokenizer  # noqa: E402
 
 WAV = Path(__file__).resolve().parent / "data" / "speech.wav"
 # A byte-level vocabulary (ids 0-255), then Whisper's special tokens in Whisper's order.
@@ -40,15 +40,7 @@ CONFIG = dict(
 
 def write_tokenizer(folder):
     """tokenizer.json: one token per byte (no merges) and Whisper's special tokens after them."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    tokenizer = Tokenizer(models.BPE(vocab={c: b for b, c in byte_chars().items()}, merges=[]))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens([AddedToken(t, special=True) for t in SPECIAL])
-    tokenizer.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}))
+    save_tokenizer(folder, byte_vocab(), SPECIAL, eos_token="<|endoftext|>")
 
 
 def make_checkpoint(folder: Path) -> Path:
