@@ -32,7 +32,7 @@ from architectures import qwen2_5_vl_vision
 from architectures.qwen2_5_vl import decoder_prefix_of
 from builder.architecture import vocabulary
 from builder.blocks.embedding import image_tokens, merge_image_features
-from builder.blocks.float_ops import op_dtype, to_dtype
+from builder.blocks.float_ops import in_op_dtype
 from builder.config_checks import token_id
 from builder.decoder_config import DecoderConfig
 from builder.errors import BuildError
@@ -120,9 +120,9 @@ def embedding_model(ckpt: Checkpoint, c: DecoderConfig, image_token: int, featur
     is_image, lookup = image_tokens(g, ids, image_token, c.vocab_size)
     text = vocab.embed(g, lookup)  # (B, S, hidden)
     if H != c.hidden_size:
-        padded = op_dtype(target.io_dtype)  # ONNX Runtime's CUDA Pad takes no bfloat16 (blocks.float_ops)
-        text = g.op.Pad(to_dtype(g, text, target.io_dtype, padded), g.constant([0, 0, 0, 0, 0, H - c.hidden_size], np.int64))
-        text = to_dtype(g, text, padded, target.io_dtype)  # -> (B, S, width), zeros
+        pads = g.constant([0, 0, 0, 0, 0, H - c.hidden_size], np.int64)
+        # -> (B, S, width), zeros; ONNX Runtime's CUDA Pad takes no bfloat16 (blocks.float_ops)
+        text = in_op_dtype(g, text, target.io_dtype, lambda v: g.op.Pad(v, pads))
     embeds = merge_image_features(g, ids, is_image, features, text, H, target)
     embeds.name, embeds.type = "inputs_embeds", tensor_type(target.io_dtype)
     embeds.shape = ir.Shape((BATCH, SEQUENCE, H))

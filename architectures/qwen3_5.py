@@ -27,7 +27,7 @@ import numpy as np
 
 from builder.architecture import Weights, prefix_holding, vocabulary
 from builder.blocks import AttentionSpec, AttentionWeights, gated_mlp
-from builder.blocks.float_ops import op_dtype, to_dtype
+from builder.blocks.float_ops import in_op_dtype
 from builder.blocks.gated_attention import gated_self_attention, split_query_gate
 from builder.blocks.gated_deltanet import DeltaHeads, gated_delta_rule
 from builder.blocks.linear import linear
@@ -138,8 +138,7 @@ def gated_deltanet(d: Decoder, w: Qwen3_5Weights, i: int, h):
     neg_a = g.weight("neg_exp_A_log", w("A_log", Hv).map(lambda x: -np.exp(x.astype(np.float32)), np.float32)
                      .astype(dtype))
     shifted = g.op.Add(a, g.weight("dt_bias", w("dt_bias", Hv).astype(dtype)))
-    softplus = to_dtype(g, g.op.Softplus(to_dtype(g, shifted, dtype, op_dtype(dtype))), op_dtype(dtype), dtype)
-    decay = g.op.Mul(neg_a, softplus)
+    decay = g.op.Mul(neg_a, in_op_dtype(g, shifted, dtype, g.op.Softplus))
     # ONNX Runtime's LinearAttention on CPU (measured 8× the Scan's speed); the standard-op Scan elsewhere.
     out, present_state = gated_delta_rule(g, q, k, v, decay, beta, d.prepared.keep, d.io.recurrent[i], heads, dtype,
                                           fused=target.execution_provider == "cpu")

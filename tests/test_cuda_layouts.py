@@ -91,7 +91,7 @@ def test_a_bfloat16_node_no_kernel_takes_is_refused_in_one_line(tmp_path, capsys
     import builder.blocks.moe as moe
     from test_family_deepseek_v3 import make
 
-    monkeypatch.setattr(moe, "op_dtype", lambda dtype: dtype)
+    monkeypatch.setattr(moe, "in_op_dtype", lambda g, x, dtype, op: op(x))  # Log in the build's dtype again
     source = add_example_tokenizer(make(tmp_path / "src"))
     capsys.readouterr()
     assert main(["-m", str(source), "-o", str(tmp_path / "out"), "-e", "cuda", "-p", "bf16", "-q"]) == 2

@@ -7,6 +7,7 @@ Example:
     conv = op_dtype(target.io_dtype)                       # float32 for a bfloat16 build
     y = g.op.Conv(to_dtype(g, x, target.io_dtype, conv), w.astype(conv), ...)
     y = to_dtype(g, y, conv, target.io_dtype)
+    y = in_op_dtype(g, x, target.io_dtype, g.op.Log)       # one input, one output: both casts
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import onnx_ir as ir
+
+from collections.abc import Callable
 
 from builder.graph import Graph
 
@@ -28,3 +31,9 @@ def to_dtype(g: Graph, x: ir.Value, dtype: np.dtype, to: np.dtype) -> ir.Value:
     if np.dtype(dtype) == np.dtype(to):
         return x
     return g.op.Cast(x, to=ir.DataType.from_numpy(np.dtype(to)))
+
+
+def in_op_dtype(g: Graph, x: ir.Value, dtype: np.dtype, op: Callable[[ir.Value], ir.Value]) -> ir.Value:
+    """op(x) for x of `dtype`, computed in op_dtype(dtype) and returned in `dtype`."""
+    inner = op_dtype(dtype)
+    return to_dtype(g, op(to_dtype(g, x, dtype, inner)), inner, dtype)

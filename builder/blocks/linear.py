@@ -76,7 +76,6 @@ def quantized_weight(g: Graph, weight: Weight, q: Quantization, scale_dtype: np.
 
     shared = SharedResult(compute)
     shapes = _part_shapes(n, k, bits, q.block_size, q.qdq, not q.symmetric)
-    shapes["lookup_zero_points"] = shapes["zero_points"]  # same shape, flat packing
 
     def register(part: str) -> ir.Value:
         return _register(g, shared, weight, part, *shapes[part], scale_dtype)
@@ -99,7 +98,8 @@ def _part_shapes(n: int, k: int, bits: int, block_size: int, qdq: bool, zero_poi
     data_shape, scales_shape, zp_shape = packed_shapes(n, k, bits, block_size)
     if not qdq:
         return {"data": (data_shape, ir.DataType.UINT8), "scales": (scales_shape, None),
-                "zero_points": (zp_shape, ir.DataType.UINT8), "offsets": (scales_shape[::-1], None)}
+                "zero_points": (zp_shape, ir.DataType.UINT8), "offsets": (scales_shape[::-1], None),
+                "lookup_zero_points": (zp_shape, ir.DataType.UINT8)}  # the same zero points packed flat
     k_blocks = scales_shape[1]
     return {"data": ((k, n), qdq_code_type(bits, zero_points)), "scales": ((k_blocks, n), None),
             "zero_points": ((k_blocks, n), qdq_code_type(bits, True)), "offsets": ((k_blocks, n), None)}
@@ -182,7 +182,6 @@ def _stored_blocks(g: Graph, weight: Weight, scale_dtype: np.dtype, qdq: bool, f
 
     shared = SharedResult(compute)
     shapes = _part_shapes(n, k, b.bits, b.block_size, qdq, b.zero_points)
-    shapes["lookup_zero_points"] = shapes["zero_points"]
 
     def register(part: str) -> ir.Value:
         return _register(g, shared, weight, part, *shapes[part], scale_dtype)

@@ -31,7 +31,7 @@ from dataclasses import replace
 import numpy as np
 import onnx_ir as ir
 
-from builder.blocks.float_ops import op_dtype, to_dtype
+from builder.blocks.float_ops import in_op_dtype, op_dtype, to_dtype
 from builder.blocks.linear import linear, module_name
 from builder.errors import BuildError
 from builder.graph import Graph
@@ -192,8 +192,7 @@ def routed_experts(g: Graph, x: ir.Value, scores: ir.Value, index: ir.Value, wei
     E = len(gate)
     with g.scope("routing"):
         floor = g.op.Expand(g.constant(-1e4, target.io_dtype), g.op.Shape(scores))  # (B, S, E)
-        dtype = op_dtype(target.io_dtype)
-        log = to_dtype(g, g.op.Log(to_dtype(g, weight, target.io_dtype, dtype)), dtype, target.io_dtype)
+        log = in_op_dtype(g, weight, target.io_dtype, g.op.Log)
         chosen = g.op.ScatterElements(floor, index, log, axis=-1)  # (B, S, E)
         logits = g.op.Reshape(chosen, g.constant([-1, E], "int64"))  # (B·S, E)
         mass = g.op.ReduceSum(weight, g.constant([-1], "int64"), keepdims=1)  # (B, S, k) -> (B, S, 1)
