@@ -38,10 +38,10 @@ import onnx_ir as ir
 
 from architectures import whisper_encoder
 from architectures.whisper_config import MODEL_TYPE, WhisperConfig
-from architectures.whisper_encoder import LAYER_NORM_EPS, projection, queries_keys_values
+from architectures.whisper_encoder import LAYER_NORM_EPS, feed_forward, projection, queries_keys_values
 from builder.architecture import Weights, vocabulary
 from builder.audio_processor import AUDIO_PROCESSOR_FILE, whisper_processor
-from builder.blocks import ResidualStream, plain_mlp
+from builder.blocks import ResidualStream
 from builder.errors import BuildError
 from builder.family import Family, register
 from builder.graph import Graph
@@ -124,11 +124,7 @@ def decoder_layer(g: Graph, stream: ResidualStream, w: Weights, io: WhisperIO, i
         # Keys and values (B, heads, 1500, head_dim) as the encoder computed them; every query sees all.
         h = g.ms.MultiHeadAttention(q, *io.cross[i], num_heads=heads, scale=c.head_dim ** -0.5)
         stream.add(projection(g, h, a, "out_proj", d, target))
-    with g.scope("final_layer_norm"):
-        h = stream.norm(w("final_layer_norm.weight", d), w("final_layer_norm.bias", d))
-    stream.add(plain_mlp(g, h, w("fc1.weight", c.decoder_ffn_dim, d), w("fc2.weight", d, c.decoder_ffn_dim),
-                         c.activation_function, target, (w("fc1.bias", c.decoder_ffn_dim), w("fc2.bias", d)),
-                         names=("fc1", "fc2")))
+    feed_forward(g, stream, w, d, c.decoder_ffn_dim, c.activation_function, target)
     return key, value
 
 

@@ -26,7 +26,7 @@ from builder.io import BATCH, tensor_type
 from builder.target import Target
 
 __all__ = ["AUDIO_FEATURES", "CROSS_KEY", "CROSS_VALUE", "ENCODER_HIDDEN_STATES", "FRAMES", "encoder_model",
-           "projection", "queries_keys_values"]
+           "feed_forward", "projection", "queries_keys_values"]
 
 AUDIO_FEATURES, ENCODER_HIDDEN_STATES = "audio_features", "encoder_hidden_states"
 CROSS_KEY, CROSS_VALUE = "present_key_cross_%d", "present_value_cross_%d"
@@ -61,11 +61,15 @@ def encoder_layer(g: Graph, stream: ResidualStream, w: Weights, c: WhisperConfig
         # Every frame attends to every frame (no mask); scaling q by 1/√head_dim, as WhisperAttention does.
         h = g.ms.MultiHeadAttention(q, k, v, num_heads=c.encoder_attention_heads, scale=c.encoder_head_dim ** -0.5)
         stream.add(projection(g, h, a, "out_proj", d, target))
+    feed_forward(g, stream, w, d, c.encoder_ffn_dim, c.activation_function, target)
+
+
+def feed_forward(g: Graph, stream: ResidualStream, w: Weights, d: int, ffn: int, act: str, target: Target) -> None:
+    """An encoder or decoder layer's last block: final_layer_norm, then fc2(act(fc1(·))) added to the stream."""
     with g.scope("final_layer_norm"):
         h = stream.norm(w("final_layer_norm.weight", d), w("final_layer_norm.bias", d))
-    stream.add(plain_mlp(g, h, w("fc1.weight", c.encoder_ffn_dim, d), w("fc2.weight", d, c.encoder_ffn_dim),
-                         c.activation_function, target, (w("fc1.bias", c.encoder_ffn_dim), w("fc2.bias", d)),
-                         names=("fc1", "fc2")))
+    stream.add(plain_mlp(g, h, w("fc1.weight", ffn, d), w("fc2.weight", d, ffn), act, target,
+                         (w("fc1.bias", ffn), w("fc2.bias", d)), names=("fc1", "fc2")))
 
 
 def convolutions(g: Graph, features: ir.Value, e: Weights, c: WhisperConfig, target: Target) -> ir.Value:
