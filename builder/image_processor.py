@@ -37,13 +37,10 @@ def extensions_processor(pre: dict[str, Any], image_size: int, name: str, defaul
     if pre.get("do_pan_and_scan"):
         raise BuildError("preprocessor_config.json sets do_pan_and_scan; onnxruntime-genai's Gemma 3 processor "
                          "sends one 896-pixel view per image (pass --text-only, or turn pan-and-scan off)")
-    resample = pre.get("resample", 2)
-    if resample not in INTERPOLATION:
-        raise BuildError(f"preprocessor_config.json resample {resample} ({PILLOW_NAMES.get(resample, 'unknown')}): "
-                         f"onnxruntime-extensions resizes only with {', '.join(INTERPOLATION.values())}")
+    interpolation = _interpolation(pre, default=2)
     transforms: list[dict[str, Any]] = [
         _op("decode_image", "DecodeImage", color_space="RGB"),
-        _op("resize", "Resize", interpolation=INTERPOLATION[resample], width=width, height=height,
+        _op("resize", "Resize", interpolation=interpolation, width=width, height=height,
             keep_aspect_ratio=0),
         _op("rescale", "Rescale", rescale_factor=float(pre.get("rescale_factor", 1 / 255))),
     ]
@@ -96,14 +93,11 @@ def patched_processor(pre: dict[str, Any], name: str, model_flag: str, defaults:
     if not pre.get("do_normalize", True):
         raise BuildError("preprocessor_config.json turns off do_normalize; onnxruntime-genai's Qwen-VL processor "
                          "always normalizes")
-    resample = pre.get("resample", 3)
-    if resample not in INTERPOLATION:
-        raise BuildError(f"preprocessor_config.json resample {resample} ({PILLOW_NAMES.get(resample, 'unknown')}): "
-                         f"onnxruntime-extensions resizes only with {', '.join(INTERPOLATION.values())}")
+    interpolation = _interpolation(pre, default=3)
     transforms = [
         _op("decode_image", "DecodeImage", color_space="RGB"),
         _op("convert_to_rgb", "ConvertRGB"),
-        _op("resize", "Resize", interpolation=INTERPOLATION[resample], smart_resize=1, min_pixels=min_pixels,
+        _op("resize", "Resize", interpolation=interpolation, smart_resize=1, min_pixels=min_pixels,
             max_pixels=max_pixels, patch_size=patch_size, merge_size=merge_size),
         _op("rescale", "Rescale", rescale_factor=float(pre.get("rescale_factor", 1 / 255))),
         _op("normalize", "Normalize", mean=[float(m) for m in pre["image_mean"]],
@@ -112,3 +106,13 @@ def patched_processor(pre: dict[str, Any], name: str, model_flag: str, defaults:
             merge_size=merge_size),
     ]
     return {"processor": {"name": name, "transforms": transforms}}
+
+
+def _interpolation(pre: dict[str, Any], default: int) -> str:
+    """onnxruntime-extensions' Resize interpolation for the processor's Pillow `resample` code
+    (`default`: the model's processor class's), or one line refusing one it does not have."""
+    resample = pre.get("resample", default)
+    if resample not in INTERPOLATION:
+        raise BuildError(f"preprocessor_config.json resample {resample} ({PILLOW_NAMES.get(resample, 'unknown')}): "
+                         f"onnxruntime-extensions resizes only with {', '.join(INTERPOLATION.values())}")
+    return INTERPOLATION[resample]
