@@ -10,7 +10,7 @@ one block of rows at a time instead.
 piece (through onnx_ir's private `_write_tensor_at`, which calls the tensor's `tofile`); a
 `SharedResult` or `StackedResult` runs one computation that several tensors come out of (a quantized
 weight's codes, scales and zero points), whichever of them is asked for first; `write_order` puts
-each such by-product a tensor later, so that the threads start the next computation meanwhile.
+each such by-product later, so that the threads start the next computations meanwhile.
 """
 
 from __future__ import annotations
@@ -195,17 +195,31 @@ class ByProductTensor(ir.LazyTensor):
 
 
 def write_order(initializers: Iterable[ir.Value]) -> list[ir.Value]:
-    """Initializers in registration order, each by-product moved after the next main tensor, so
-    that the writer's threads start the next computation instead of waiting on this one."""
-    ordered, waiting, pending = [], [], []
+    """Initializers in registration order, each by-product moved after as many bytes of the main
+    tensors that follow as its own main tensor has (and at least one of them), so that while one
+    writer thread computes a weight the other starts the next ones instead of waiting on this
+    computation for its by-product. (A lm_head is 1.3 s of quantizing: placed a layer-norm weight
+    later, its scales kept the second of two threads idle that long.) The order does not depend on
+    the machine: outputs are the same bytes everywhere."""
+    ordered: list[ir.Value] = []
+    waiting: list[list] = []  # [bytes of main tensors still to pass, the by-products], oldest first
+    group: list | None = None  # the by-products of the latest main tensor, as they come
+    latest = 0  # the latest main tensor's bytes
     for value in initializers:
         if isinstance(value.const_value, ByProductTensor):
-            pending.append(value)
+            if group is None:
+                group = [latest, []]
+                waiting.append(group)
+            group[1].append(value)
             continue
+        group = None
+        latest = value.const_value.nbytes if value.const_value is not None else 0
         ordered.append(value)
-        ordered.extend(waiting)
-        waiting, pending = pending, []
-    return ordered + waiting + pending
+        for g in waiting:
+            g[0] -= latest
+        ordered.extend(v for g in waiting if g[0] <= 0 for v in g[1])
+        waiting = [g for g in waiting if g[0] > 0]
+    return ordered + [v for g in waiting for v in g[1]]
 
 
 class SharedResult:
