@@ -8,7 +8,8 @@ Three models, as onnxruntime-genai's `gemma3` pipeline runs them:
   unscaled, in the rows whose id is the image token, in order (Gemma3Model.forward's
   masked_scatter). onnxruntime-genai sends the features at the prompt and zero rows at every later
   step: image tokens without a feature row keep their text embedding, as in transformers without
-  pixel_values;
+  pixel_values. In a 4-bit build its lookup gathers the decoder's lm_head codes and scales where
+  model.onnx.data stores them (the tied vocabulary is quantized and written once: writer.save_models);
 - model.onnx: the text decoder of architectures/gemma.py reading inputs_embeds.
 
 Precision: the decoder follows the build. The vision model is never quantized; it runs in the

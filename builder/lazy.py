@@ -47,7 +47,7 @@ class Weight:
         [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]
     """
 
-    __slots__ = ("shape", "dtype", "_compute", "sources", "blocks", "pieces")
+    __slots__ = ("shape", "dtype", "_compute", "sources", "blocks", "pieces", "origin")
 
     def __init__(self, shape: Sequence[int], dtype: np.dtype | type, compute: Compute, sources: tuple[str, ...],
                  blocks: Blocks | None = None, pieces: tuple[Weight, ...] | None = None):
@@ -57,13 +57,24 @@ class Weight:
         self.sources = sources  # checkpoint names it reads, for messages and build records
         self.blocks = blocks  # the same values already quantized (a GGUF Q4_0 tensor), or None
         self.pieces = pieces  # a stack's members (value[i] is pieces[i]): written one at a time
+        # Where a checkpoint tensor's bytes lie, (file, offset, length), for a weight that is that
+        # tensor as stored (no step applied): equal origins are equal values (`origin_key`).
+        self.origin: tuple[str, int, int] | None = None
 
     def __repr__(self) -> str:
         return f"Weight({list(self.shape)}, {self.dtype.name}, from {', '.join(self.sources) or 'code'})"
 
     @classmethod
-    def source(cls, shape: Sequence[int], dtype: np.dtype, open_view: Compute, name: str) -> Weight:
-        return cls(shape, dtype, open_view, (name,))
+    def source(cls, shape: Sequence[int], dtype: np.dtype, open_view: Compute, name: str,
+               origin: tuple[str, int, int] | None = None) -> Weight:
+        weight = cls(shape, dtype, open_view, (name,))
+        weight.origin = origin
+        return weight
+
+    def origin_key(self) -> tuple | None:
+        """What identifies this value across graphs (the same checkpoint bytes read as the same
+        dtype and shape), or None for a weight with steps applied or made by code."""
+        return None if self.origin is None else (*self.origin, self.dtype.str, self.shape)
 
     @classmethod
     def constant(cls, array: np.ndarray) -> Weight:

@@ -222,14 +222,30 @@ def write_order(initializers: Iterable[ir.Value]) -> list[ir.Value]:
     return ordered + [v for g in waiting for v in g[1]]
 
 
+# The tensor metadata (onnx_ir's `meta`, never serialized) that names a lazy tensor's value across
+# the models of one build: tensors with equal keys hold equal bytes (`content_key`).
+CONTENT_KEY = "builder.content"
+
+
+def content_key(tensor: ir.TensorProtocol | None) -> object | None:
+    """The key of a lazy tensor whose value another model of the build may hold too (a tied
+    vocabulary's 4-bit codes, in the decoder's lm_head and a package's embedding model), else None:
+    the writer stores such a value once and points the later model at it (writer.save_models)."""
+    meta = getattr(tensor, "meta", None)
+    return None if meta is None else meta.get(CONTENT_KEY)
+
+
 class SharedResult:
     """One computation feeding several lazy tensors (a quantized weight's data, scales and zero
     points): whichever tensor the writer asks for first runs it; each part is dropped once taken.
-    The parts other than `main` are by-products (see `write_order`)."""
+    The parts other than `main` are by-products (see `write_order`). `key`: what determines the
+    result entirely (its input's `Weight.origin_key` and every setting), when it is known; each part
+    then carries (key, part) as its `content_key`."""
 
-    def __init__(self, compute: Callable[[], dict[str, np.ndarray]], main: str = "data"):
+    def __init__(self, compute: Callable[[], dict[str, np.ndarray]], main: str = "data", key: tuple | None = None):
         self._compute = compute
         self._main = main
+        self._key = key
         self._lock = threading.Lock()
         self._parts: dict[str, np.ndarray] | None = None
         self._taken: set[str] = set()
@@ -258,7 +274,10 @@ class SharedResult:
         else:
             def value() -> ir.TensorProtocol:
                 return ir.Tensor(self.take(part), name=name)
-        return kind(value, dtype=dtype, shape=ir.Shape(shape), name=name)
+        tensor = kind(value, dtype=dtype, shape=ir.Shape(shape), name=name)
+        if self._key is not None:
+            tensor.meta[CONTENT_KEY] = (self._key, part)
+        return tensor
 
 
 class StreamedTensor(ir.LazyTensor):

@@ -170,7 +170,8 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
 
     generation = inp.generation_config(info.vocab_size)
     sources = dict(g.sources)
-    estimates = {MODEL_STEM: estimate(model, _source_bytes(checkpoint, g.sources), g.members)}
+    stored: set = set()  # the values the models before store (a tied vocabulary: writer.save_models)
+    estimates = {MODEL_STEM: estimate(model, _source_bytes(checkpoint, g.sources), g.members, stored)}
     for stem, part in package.models.items() if package is not None else ():
         if target.standard_ops:
             check_standard_ops(part, f"{names[0]}'s {stem} model")
@@ -178,7 +179,7 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
         RemoveUnusedNodesPass()(part)
         TopologicalSortPass()(part)
         sources.update({f"{stem}:{name}": srcs for name, srcs in package.sources[stem].items()})
-        estimates[stem] = estimate(part, _source_bytes(checkpoint, package.sources[stem]))
+        estimates[stem] = estimate(part, _source_bytes(checkpoint, package.sources[stem]), stored=stored)
     return Plan(folder, names[0], config, info, checkpoint, model, generation, combined(list(estimates.values())),
                 sources, inp, adapter, package, estimates, target)
 
@@ -257,7 +258,7 @@ def describe(p: Plan, options: BuildOptions) -> str:
     e = p.estimate
     genai = len(json.dumps(genai_json(p, options), indent=4))
     parts = [f"  {stem + '.onnx.data':16s} {human(part.data_bytes)}" for stem, part in (p.estimates or {}).items()
-             if stem != MODEL_STEM]
+             if stem != MODEL_STEM and part.data_bytes]  # a model whose weights all lie in another's writes none
     tokenizer = {n: (p.folder / n).stat().st_size for n in TOKENIZER_FILES if (p.folder / n).is_file()}
     lines = [
         f"architecture     {p.architecture} ({p.info.model_type}), {p.info.num_layers} layers, "

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from builder.materialize import ROW_BLOCK_BYTES
+from builder.materialize import ROW_BLOCK_BYTES, content_key
 from builder.quantize import ROW_CHUNK_ELEMENTS
 from builder.writer import INLINE_BYTES, MAX_WORKERS
 
@@ -32,15 +32,29 @@ def _weights(model: ir.Model):
     return [v.const_value for v in model.graph.initializers.values() if v.const_value is not None]
 
 
-def estimate(model: ir.Model, sources: dict[str, list[int]], members: dict[str, int] | None = None) -> Estimate:
+def estimate(model: ir.Model, sources: dict[str, list[int]], members: dict[str, int] | None = None,
+             stored: set | None = None) -> Estimate:
     """`sources`: for each initializer, the bytes of each checkpoint tensor its recipe reads;
-    `members`: the initializers written one member at a time (stacks of experts), how many."""
+    `members`: the initializers written one member at a time (stacks of experts), how many;
+    `stored`: the content keys the models written before this one store (their values are not
+    written again: writer.save_models); this model's are added."""
     tensors = _weights(model)
-    external = [t for t in tensors if t.nbytes > INLINE_BYTES]
+    stored = set() if stored is None else stored
+    external, referenced = [], 0
+    for t in tensors:
+        if t.nbytes <= INLINE_BYTES:
+            continue
+        key = content_key(t)
+        if key in stored:
+            referenced += 1
+            continue
+        external.append(t)
+        if key is not None:
+            stored.add(key)
     data = sum(t.nbytes for t in external)
     # The proto holds the graph, inline constants and ~100 bytes of external-data record per weight.
     nodes = sum(1 for _ in model.graph.all_nodes())
-    proto = sum(t.nbytes for t in tensors if t.nbytes <= INLINE_BYTES) + 160 * len(external) + 400 * nodes
+    proto = sum(t.nbytes for t in tensors if t.nbytes <= INLINE_BYTES) + 160 * (len(external) + referenced) + 400 * nodes
     # Peak: each writer thread holds one tensor's output plus what it has mapped of the source —
     # a row block, as pages are handed back while converting — or a whole concatenation of
     # several sources (fused QKV). The two largest such tensors may be in flight together.

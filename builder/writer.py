@@ -1,6 +1,8 @@
 """Writing the weights: each model's initializers streamed into its external data file by onnx_ir's
-bounded parallel writer, every lazy weight computed as it is written; and save(), which writes a
-crafted decoder as a complete output (published by builder/publish.py).
+bounded parallel writer, every lazy weight computed as it is written, a value that an earlier model
+of the build stored (the same `materialize.content_key`) referenced there instead of computed and
+written again; and save(), which writes a crafted decoder as a complete output (published by
+builder/publish.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import numpy as np
 import onnx_ir as ir
 
 from builder.errors import BuildError
+from builder.materialize import content_key
 from builder.output_folder import RECORD_FILE
 from builder.publish import staged_folder
 from builder.target import Target
@@ -91,9 +94,16 @@ def save_model(model: ir.Model, folder: Path, progress: bool = True, stem: str =
 def save_models(models: dict[str, ir.Model], folder: Path, progress: bool = True) -> None:
     """save_model for each (file stem -> model), one after another, under one progress report."""
     reuse_freed_memory()
-    # The writer reports the tensors it writes to the .onnx.data files; small constants stay inline.
-    total = sum(n for m in models.values() for v in m.graph.initializers.values()
-                if (n := v.const_value.nbytes) > INLINE_BYTES)
+    # The writer reports the tensors it writes to the .onnx.data files; small constants stay inline,
+    # and a value an earlier model stored is not written again.
+    keys: set = set()
+    total = 0
+    for m in models.values():
+        for v in m.graph.initializers.values():
+            if (n := v.const_value.nbytes) > INLINE_BYTES and (key := content_key(v.const_value)) not in keys:
+                total += n
+                if key is not None:
+                    keys.add(key)
     report = Progress(total, "reading, converting and writing weights") if progress else None
 
     def callback(tensor: ir.TensorProtocol, _info) -> None:
@@ -102,23 +112,46 @@ def save_models(models: dict[str, ir.Model], folder: Path, progress: bool = True
 
     gc_was_enabled = gc.isenabled()
     gc.disable()  # the writer allocates no cycles; collections only cost time (6% in a profile)
+    stored: dict[object, ir.ExternalTensor] = {}  # content key -> where an earlier model stored it
     try:
         for stem, model in models.items():
-            ir.save(
-                model,
-                folder / f"{stem}.onnx",
-                external_data=f"{stem}.onnx.data",
-                # Shapes and axes stay inline, where ONNX Runtime's shape inference reads them.
-                size_threshold_bytes=INLINE_BYTES,
-                callback=callback,
-                max_workers=MAX_WORKERS,
-                max_in_flight_bytes=MAX_IN_FLIGHT_BYTES,
-            )
+            _save_one(model, folder, stem, callback, stored)
     finally:
         if gc_was_enabled:
             gc.enable()
         if report is not None:
             report.close()
+
+
+def _save_one(model: ir.Model, folder: Path, stem: str, callback, stored: dict[object, ir.ExternalTensor]) -> None:
+    """`stem`.onnx with its weights in `stem`.onnx.data, except a weight an earlier model of the
+    build already stored (the same `content_key`): that one points into the earlier model's file.
+    What ir.save(external_data=...) does, in its two steps, so that the second can leave those
+    references alone; every initializer is given back its lazy tensor afterwards."""
+    values = [v for v in model.graph.initializers.values()
+              if v.const_value is not None and v.const_value.nbytes > INLINE_BYTES]
+    lazy = {v: v.const_value for v in values}
+    fresh = [v for v in values if content_key(v.const_value) not in stored]
+    fresh_ids = {id(v) for v in fresh}
+    try:
+        if fresh:
+            written = ir.external_data.convert_tensors_to_external(
+                [v.const_value for v in fresh], folder, f"{stem}.onnx.data", callback=callback,
+                max_workers=MAX_WORKERS, max_in_flight_bytes=MAX_IN_FLIGHT_BYTES)
+            for v, tensor in zip(fresh, written, strict=True):
+                if (key := content_key(v.const_value)) is not None:
+                    stored[key] = tensor
+                v.const_value = tensor
+        for v in values:
+            if id(v) not in fresh_ids:
+                earlier = stored[content_key(lazy[v])]
+                v.const_value = ir.ExternalTensor(earlier.location, earlier.offset, earlier.length, earlier.dtype,
+                                                  shape=earlier.shape, name=v.name, base_dir=folder)
+        # Shapes and axes stay inline, where ONNX Runtime's shape inference reads them.
+        ir.save(model, folder / f"{stem}.onnx")
+    finally:
+        for v, tensor in lazy.items():
+            v.const_value = tensor
 
 
 def save(

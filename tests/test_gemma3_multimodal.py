@@ -239,7 +239,24 @@ def test_int4_decoder_matches_fake_quantized_transformers(source, image, tmp_pat
     # Runtime's quantizer.
     from fake_quant import cosine, fake_quantize
 
+    import onnx
+
     out = build(source, tmp_path / "int4", "-p", "int4", "--accuracy-level", "0", "--quant-method", "rtn", "--symmetric")
+    # The embedding model gathers from the decoder's lm_head codes and scales in model.onnx.data:
+    # the tied vocabulary is quantized and stored once (it was a second copy, 5% of a 12B package).
+    embedding = onnx.load(str(out / "embedding.onnx"), load_external_data=False)
+    locations = {t.name: {e.key: e.value for e in t.external_data}["location"]
+                 for t in embedding.graph.initializer if t.external_data}
+    assert sorted(locations) == ["lm_head.data", "lm_head.scales"] and set(locations.values()) == {"model.onnx.data"}
+    assert not (out / "embedding.onnx.data").exists()
+    from builder.options import BuildOptions
+    from builder.pipeline import plan
+
+    options = BuildOptions(model=str(source), output=str(out), precision="int4", accuracy_level=0,
+                           quant_method="rtn", symmetric=True)
+    predicted = {stem: e.data_bytes for stem, e in plan(options, source).estimates.items()}
+    assert predicted == {"model": (out / "model.onnx.data").stat().st_size,
+                         "vision": (out / "vision.onnx.data").stat().st_size, "embedding": 0}
     _, inputs = genai_inputs(out, image, "<start_of_image> int4")
     ids, pixels = inputs["input_ids"].as_numpy()[0].tolist(), inputs["pixel_values"].as_numpy()
     model = transformers_model(source)

@@ -74,7 +74,10 @@ def quantized_weight(g: Graph, weight: Weight, q: Quantization, scale_dtype: np.
             parts["lookup_zero_points"] = _flat_zero_points(m.zero_points, k_blocks)
         return qdq_parts(parts, k, bits, q.block_size) if q.qdq else parts
 
-    shared = SharedResult(compute)
+    origin = weight.origin_key()
+    key = None if origin is None else ("quantized", origin, bits, q.block_size, q.symmetric, q.method,
+                                       np.dtype(scale_dtype).str, q.qdq, flat)
+    shared = SharedResult(compute, key=key)
     shapes = _part_shapes(n, k, bits, q.block_size, q.qdq, not q.symmetric)
 
     def register(part: str) -> ir.Value:

@@ -212,7 +212,8 @@ class SafetensorsCheckpoint(NamedTensors):
                 f"tensor {name!r} has shape {list(info.shape)} but config.json implies {list(shape)}"
             )
         self._consumed.add(name)
-        return Weight.source(info.shape, info.dtype, lambda stack: stack.enter_context(mapped(info)), name)
+        return Weight.source(info.shape, info.dtype, lambda stack: stack.enter_context(mapped(info)), name,
+                             origin=(str(info.path), info.offset, info.nbytes))
 
     def same_values(self, a: str, b: str, rows_per_chunk: int = 4096) -> bool:
         """Whether tensors `a` and `b` hold the same values; reads both, a row block at a time."""
