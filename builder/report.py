@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import onnx_ir as ir
 
-from builder.materialize import ROW_BLOCK_BYTES, content_key
+from builder.materialize import ROW_BLOCK_BYTES
 from builder.quantize import ROW_CHUNK_ELEMENTS
-from builder.writer import INLINE_BYTES, MAX_WORKERS
+from builder.writer import INLINE_BYTES, MAX_WORKERS, content_keys, data_tensors
 
 # Interpreter, numpy, onnx_ir and the recorded graph, measured on a tiny build (about 80 MB) plus margin.
 BASE_RSS = 128 * 2**20
@@ -40,17 +40,9 @@ def estimate(model: ir.Model, sources: dict[str, list[int]], members: dict[str, 
     written again: writer.save_models); this model's are added."""
     tensors = _weights(model)
     stored = set() if stored is None else stored
-    external, referenced = [], 0
-    for t in tensors:
-        if t.nbytes <= INLINE_BYTES:
-            continue
-        key = content_key(t)
-        if key in stored:
-            referenced += 1
-            continue
-        external.append(t)
-        if key is not None:
-            stored.add(key)
+    external = data_tensors(model, stored)
+    referenced = len(data_tensors(model)) - len(external)  # stored by an earlier model: a record only
+    stored |= content_keys(external)
     data = sum(t.nbytes for t in external)
     # The proto holds the graph, inline constants and ~100 bytes of external-data record per weight.
     nodes = sum(1 for _ in model.graph.all_nodes())

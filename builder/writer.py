@@ -11,7 +11,7 @@ import gc
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -94,16 +94,13 @@ def save_model(model: ir.Model, folder: Path, progress: bool = True, stem: str =
 def save_models(models: dict[str, ir.Model], folder: Path, progress: bool = True) -> None:
     """save_model for each (file stem -> model), one after another, under one progress report."""
     reuse_freed_memory()
-    # The writer reports the tensors it writes to the .onnx.data files; small constants stay inline,
-    # and a value an earlier model stored is not written again.
+    # The writer reports the tensors it writes to the .onnx.data files (data_tensors).
     keys: set = set()
     total = 0
     for m in models.values():
-        for v in m.graph.initializers.values():
-            if (n := v.const_value.nbytes) > INLINE_BYTES and (key := content_key(v.const_value)) not in keys:
-                total += n
-                if key is not None:
-                    keys.add(key)
+        written = data_tensors(m, keys)
+        total += sum(t.nbytes for t in written)
+        keys |= content_keys(written)
     report = Progress(total, "reading, converting and writing weights") if progress else None
 
     def callback(tensor: ir.TensorProtocol, _info) -> None:
@@ -123,15 +120,32 @@ def save_models(models: dict[str, ir.Model], folder: Path, progress: bool = True
             report.close()
 
 
+def _external(model: ir.Model, earlier: Container = ()) -> list[ir.Value]:
+    """The initializers of `model` stored outside model.onnx (over INLINE_BYTES) whose value no
+    earlier model of the build stored (`earlier`: their content keys)."""
+    return [v for v in model.graph.initializers.values() if v.const_value is not None
+            and v.const_value.nbytes > INLINE_BYTES and content_key(v.const_value) not in earlier]
+
+
+def data_tensors(model: ir.Model, earlier: Container = ()) -> list[ir.TensorProtocol]:
+    """The tensors `model`'s .onnx.data holds, given the content keys earlier models of the build
+    stored: what save_models writes and report.estimate counts."""
+    return [v.const_value for v in _external(model, earlier)]
+
+
+def content_keys(tensors: Iterable[ir.TensorProtocol]) -> set:
+    """The content keys among `tensors` (materialize.content_key)."""
+    return {key for t in tensors if (key := content_key(t)) is not None}
+
+
 def _save_one(model: ir.Model, folder: Path, stem: str, callback, stored: dict[object, ir.ExternalTensor]) -> None:
     """`stem`.onnx with its weights in `stem`.onnx.data, except a weight an earlier model of the
     build already stored (the same `content_key`): that one points into the earlier model's file.
     What ir.save(external_data=...) does, in its two steps, so that the second can leave those
     references alone; every initializer is given back its lazy tensor afterwards."""
-    values = [v for v in model.graph.initializers.values()
-              if v.const_value is not None and v.const_value.nbytes > INLINE_BYTES]
+    values = _external(model)
     lazy = {v: v.const_value for v in values}
-    fresh = [v for v in values if content_key(v.const_value) not in stored]
+    fresh = _external(model, stored)
     fresh_ids = {id(v) for v in fresh}
     try:
         if fresh:
