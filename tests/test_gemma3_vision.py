@@ -109,6 +109,37 @@ def test_config_defaults_are_transformers(saved):
                                     default.vision_config.num_attention_heads, default.vision_config.layer_norm_eps,
                                     default.mm_tokens_per_image, default.text_config.hidden_size)
 
+def test_bf16_checkpoint_keeps_its_matrices_bf16_under_float32(saved, tmp_path):
+    # A bf16 tower built for float32 activations (the CPU int4 package's vision model) stores its
+    # matrices as bf16, half the bytes, widened by Casts that ONNX Runtime folds when it loads: the
+    # optimized graph multiplies float32 constants, and the features are transformers' float32 ones
+    # on the same bf16 values.
+    import onnx
+    from safetensors.torch import load_file as load_torch, save_file as save_torch
+
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "config.json").write_text((saved / "config.json").read_text())
+    tensors = {k: v.to(torch.bfloat16) for k, v in load_torch(saved / "model.safetensors").items()}
+    save_torch(tensors, source / "model.safetensors", metadata={"format": "pt"})
+    session = build_vision(source, tmp_path / "out", np.float32)
+    stored = {t.name: t.data_type for t in onnx.load(tmp_path / "out" / "model.onnx", load_external_data=False).graph.initializer}
+    matrices = [n for n in stored if n.endswith(("q_proj.weight", "fc1.weight", "fc2.weight"))]
+    assert len(matrices) == 6 and all(stored[n] == onnx.TensorProto.BFLOAT16 for n in matrices)
+    model = transformers.AutoModelForImageTextToText.from_pretrained(source, dtype=torch.float32).eval()
+    pixels = np.random.default_rng(0).uniform(-1, 1, (2, 3, 56, 56)).astype(np.float32)
+    with torch.no_grad():
+        expected = model.get_image_features(torch.from_numpy(pixels)).pooler_output.numpy()
+    (got,) = session.run(None, {"pixel_values": pixels})
+    assert relative_error(got, expected) < 1e-4
+    options = ort.SessionOptions()
+    options.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(tmp_path / "out" / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(tmp_path / "optimized.onnx", load_external_data=False).graph
+    constants = {t.name for t in optimized.initializer}
+    assert not [n for n in optimized.node if n.op_type == "Cast" and n.input[0] in constants]
+
+
 @pytest.mark.parametrize("raw", [{"vision_config": {"image_size": 56, "patch_size": 14}, "mm_tokens_per_image": 5},
                                  {}], ids=["not-a-square", "more-tokens-than-patches"])
 def test_refuses_tokens_that_do_not_pool_evenly(raw):

@@ -47,17 +47,22 @@ def test_fp16_matches_transformers(name, tmp_path):
     assert_parity(build(source, tmp_path / "out", "-p", "fp16"), source, tolerance=1e-2)
 
 
-def test_bf16_checkpoint_builds_fp32_exactly(tmp_path):
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_bf16_checkpoint_builds_fp32_exactly(tmp_path, tied):
     # A bf16 checkpoint (as most hub models are) widened to fp32 must give transformers' fp32
     # results on the same bf16 values.
-    # The untied embedding table stays bfloat16 on disk, each gathered row widened (half the bytes).
+    # The untied embedding table and the matrices stay bfloat16 on disk, each gathered row widened
+    # and each matrix widened by a Cast ONNX Runtime folds at load (half the bytes); a tied table is
+    # stored once, gathered and multiplied (transposed) from the same bfloat16 bytes.
     import onnx
 
-    source = make_checkpoint(tmp_path / "src", "LlamaConfig", dtype=torch.bfloat16, **TINY)
+    source = make_checkpoint(tmp_path / "src", "LlamaConfig", dtype=torch.bfloat16, **{**TINY, "tie_word_embeddings": tied})
     out = build(source, tmp_path / "out", "-p", "fp32")
     assert_parity(out, source, tolerance=1e-4)
     stored = {t.name: t.data_type for t in onnx.load(out / "model.onnx", load_external_data=False).graph.initializer}
     assert stored["model.embed_tokens.weight"] == onnx.TensorProto.BFLOAT16
+    assert {stored[n] for n in stored if n.endswith("proj.weight")} == {onnx.TensorProto.BFLOAT16}
+    assert ("lm_head.weight" in stored) != tied
 
 
 @pytest.mark.parametrize("stored", ["equal", "different"])

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import ml_dtypes
-import numpy as np
 import onnx_ir as ir
 
+from builder.blocks import stored_float
 from builder.blocks.linear import QuantizedValues, quantized_weight
 from builder.graph import Graph
 from builder.lazy import Weight
@@ -37,26 +36,15 @@ def embedding(
             shared = quantized_weight(g, weight, q, target.io_dtype, bits, lookup=True)
     if isinstance(shared, QuantizedValues):
         x = _gather_quantized(g, input_ids, shared, target)
-    elif shared is None and _gathered_as_stored(weight, target):
-        # A bfloat16 or float16 table read by float32 activations: stored as it is and each row
-        # widened after the lookup, the same float32 values at half the bytes (an untied
-        # Llama-3.1-8B table is 1.05 GB instead of 2.1 GB, a Qwen2.5-VL embedding model's 1.1 GB).
-        table = g.weight("weight", weight)
-        x = g.op.Cast(g.op.Gather(table, input_ids, axis=0), to=ir.DataType.FLOAT)
     else:
-        table = shared if shared is not None else g.weight("weight", weight.astype(target.io_dtype))
-        x = g.op.Gather(table, input_ids, axis=0)
+        # A float table: lm_head's (tied) or its own. A bfloat16 or float16 one under float32
+        # activations is stored as it is and each gathered row widened (blocks.stored_float): the
+        # same values at half the bytes (an untied Llama-3.1-8B table is 1.05 GB instead of 2.1 GB).
+        table = shared if shared is not None else g.weight("weight", weight.astype(stored_float.stored_dtype(weight, target)))
+        x = stored_float.widened(g, g.op.Gather(table, input_ids, axis=0), target)
     if scale is not None:
         x = g.op.Mul(x, g.constant(scale, target.io_dtype))
     return x
-
-
-def _gathered_as_stored(weight: Weight, target: Target) -> bool:
-    """Whether an untied float table is gathered in its stored dtype and widened after: bfloat16 or
-    float16 under float32 activations (exact), on the CPU (whose Gather and Cast take both; other
-    providers keep the float32 table)."""
-    return (weight.blocks is None and target.io_dtype == np.float32 and target.execution_provider == "cpu"
-            and weight.dtype in (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)))
 
 
 def _gather_quantized(g: Graph, input_ids: ir.Value, m: QuantizedValues, target: Target) -> ir.Value:

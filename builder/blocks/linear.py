@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_ir as ir
 
+from builder.blocks import stored_float
 from builder.graph import Graph
 from builder.lazy import Weight
 from builder.materialize import SharedResult
@@ -248,8 +249,7 @@ def linear(
     if quantized is not None:
         y = matmul_nbits(g, x, quantized, target)
     else:
-        w = g.weight("weight", weight.transpose().astype(target.io_dtype))  # [out, in] -> [in, out]
-        y = g.op.MatMul(x, w)
+        y = g.op.MatMul(x, stored_float.matrix(g, "weight", weight.transpose(), target))  # [out, in] -> [in, out]
     if bias is not None:
         y = g.op.Add(y, g.weight("bias", bias.astype(target.io_dtype)))
     return y

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import onnx_ir as ir
 
+from builder.blocks import stored_float
 from builder.blocks.linear import QuantizedValues, linear, quantized_weight
 from builder.graph import Graph
 from builder.io import logits_dtype
@@ -26,7 +27,7 @@ def shared_vocabulary(g: Graph, weight: Weight, target: Target) -> Shared | None
     """
     if not target.quantizes("lm_head"):
         with g.scope("model", "embed_tokens"):
-            return g.weight("weight", weight.astype(target.io_dtype))
+            return g.weight("weight", weight.astype(stored_float.stored_dtype(weight, target)))
     q = target.quantization
     if not target.provider.quantized_gather:  # the lookup keeps a float table (embedding)
         return None
@@ -69,6 +70,7 @@ def lm_head(
     registered for tied embeddings."""
     with g.scope("lm_head"):
         if isinstance(shared, ir.Value):
+            shared = stored_float.widened(g, shared, target)  # folded at load where stored narrower
             if target.standard_ops or not target.provider.fused_matmul:  # ONNX Runtime folds the Transpose at load
                 logits = g.op.MatMul(x, g.op.Transpose(shared, perm=[1, 0]))
             else:

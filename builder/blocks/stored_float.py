@@ -1,0 +1,47 @@
+"""Float weights stored in the checkpoint's own 16-bit dtype under float32 activations on the CPU.
+
+A bfloat16 or float16 checkpoint built for float32 activations (a CPU fp32 build, the float32 vision
+tower of an int4 image-and-text package, a float layer of a quantized build) holds values every one
+of which float32 represents exactly. Such a weight is stored as it is, half the bytes of a float32
+copy, and widened in the graph by a Cast: the same float32 values reach every operator.
+
+- A matrix (`matrix`): Cast right after the initializer. ONNX Runtime folds a Cast of a constant
+  when it loads the session (its constant folding, on at every optimization level but
+  ORT_DISABLE_ALL), so a run multiplies the same prepacked float32 matrix as before; what it costs
+  is the widening once at load (0.3 s for 420 million weights, docs/BENCHMARKS.md).
+- A lookup table (embedding): gathered as stored and each gathered row widened (`widened`).
+
+Other providers and activation dtypes store the weight in the activations' dtype, as before.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx_ir as ir
+
+from builder.graph import Graph
+from builder.lazy import Weight
+from builder.target import Target
+
+HALF = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+
+
+def stored_dtype(weight: Weight, target: Target) -> np.dtype:
+    """The dtype a float (unquantized) weight is stored in: its own bfloat16 or float16 under
+    float32 activations on the CPU, the activations' dtype otherwise."""
+    if (weight.blocks is None and np.dtype(target.io_dtype) == np.float32 and target.execution_provider == "cpu"
+            and weight.dtype in HALF):
+        return weight.dtype
+    return np.dtype(target.io_dtype)
+
+
+def widened(g: Graph, x: ir.Value, target: Target) -> ir.Value:
+    """x in the activations' dtype: a Cast when x is stored narrower (stored_dtype), x itself else."""
+    io = ir.DataType.from_numpy(np.dtype(target.io_dtype))
+    return x if x.dtype == io else g.op.Cast(x, to=io)
+
+
+def matrix(g: Graph, name: str, weight: Weight, target: Target) -> ir.Value:
+    """The float weight `weight` registered as `name` (in stored_dtype), read in the activations' dtype."""
+    return widened(g, g.weight(name, weight.astype(stored_dtype(weight, target))), target)
