@@ -271,6 +271,7 @@ class BuildOptions:
             io_dtype=_DTYPES[self.resolved_io_dtype], execution_provider=ep, quantization=quantization,
             windowed_kv_cache=self.windowed_kv_cache, context_length=self.context_length,
             standard_ops=self.standard_ops, last_logits_only=self.prune_lm_head,
+            narrow_float_matrices=quantization is not None,
         )
 
     def to_dict(self) -> dict[str, Any]:

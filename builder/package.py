@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
@@ -30,9 +31,11 @@ def preprocessor_config(folder: Path) -> dict[str, Any]:
 
 def vision_target(target: Target) -> Target:
     """What a vision tower is built for: float16 in a float16 build, else float32 (a quantized or
-    bfloat16 decoder's tower stays float32), unquantized, on the decoder's provider."""
+    bfloat16 decoder's tower stays float32), unquantized, on the decoder's provider; beside a
+    quantized or bfloat16 decoder its matrices keep the checkpoint's 16 bits on disk."""
     dtype = np.dtype(np.float32) if target.io_dtype != np.float16 else target.io_dtype
-    return Target(io_dtype=dtype, execution_provider=target.execution_provider)
+    narrow = target.quantization is not None or target.io_dtype == ml_dtypes.bfloat16
+    return Target(io_dtype=dtype, execution_provider=target.execution_provider, narrow_float_matrices=narrow)
 
 
 @dataclass

@@ -135,6 +135,11 @@ class Target:
         last_logits_only: logits of each sequence's last real token alone, [batch, 1, vocab]
             (--prune-lm-head): onnxruntime-genai samples from nothing else, and lm_head then
             multiplies one row per sequence in a prefill instead of every prompt token.
+        narrow_float_matrices: float matrices read by float32 activations on the CPU stay in the
+            checkpoint's bfloat16 or float16, widened by a Cast ONNX Runtime folds when it loads
+            the model (blocks.stored_float): half the bytes on disk, 0.5 to 1 s more per GB of
+            float32 at every session start. Set for a quantized build's float layers and the vision
+            tower beside a quantized or bfloat16 decoder; an fp32 build keeps float32 matrices.
     """
 
     io_dtype: np.dtype
@@ -145,6 +150,7 @@ class Target:
     standard_ops: bool = False
     kv_cache: KVCacheQuantization | None = None
     last_logits_only: bool = False
+    narrow_float_matrices: bool = False
 
     @property
     def provider(self) -> Provider:

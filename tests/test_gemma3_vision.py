@@ -64,10 +64,11 @@ def relayout(saved, folder, layout):
     return folder
 
 
-def build_vision(source, out, dtype, quantization=None):
+def build_vision(source, out, dtype, quantization=None, narrow=False):
     ckpt = SafetensorsCheckpoint.open(source)
     c = gemma3_vision.parse_config(json.loads((source / "config.json").read_text()))
-    model = gemma3_vision.vision_model(ckpt, c, Target(io_dtype=np.dtype(dtype), quantization=quantization))
+    target = Target(io_dtype=np.dtype(dtype), quantization=quantization, narrow_float_matrices=narrow)
+    model = gemma3_vision.vision_model(ckpt, c, target)
     # Every vision tensor is used but the attention-pooling head transformers computes and drops.
     assert ckpt.unconsumed([*gemma3_vision.IGNORED, "*language_model.*", "lm_head.weight"]) == []
     out.mkdir()
@@ -110,8 +111,8 @@ def test_config_defaults_are_transformers(saved):
                                     default.mm_tokens_per_image, default.text_config.hidden_size)
 
 def test_bf16_checkpoint_keeps_its_matrices_bf16_under_float32(saved, tmp_path):
-    # A bf16 tower built for float32 activations (the CPU int4 package's vision model) stores its
-    # matrices as bf16, half the bytes, widened by Casts that ONNX Runtime folds when it loads: the
+    # A bf16 tower built for float32 activations beside a quantized decoder (package.vision_target:
+    # the CPU int4 package's vision model) stores its matrices as bf16, half the bytes, widened by Casts that ONNX Runtime folds when it loads: the
     # optimized graph multiplies float32 constants, and the features are transformers' float32 ones
     # on the same bf16 values.
     import onnx
@@ -122,7 +123,12 @@ def test_bf16_checkpoint_keeps_its_matrices_bf16_under_float32(saved, tmp_path):
     (source / "config.json").write_text((saved / "config.json").read_text())
     tensors = {k: v.to(torch.bfloat16) for k, v in load_torch(saved / "model.safetensors").items()}
     save_torch(tensors, source / "model.safetensors", metadata={"format": "pt"})
-    session = build_vision(source, tmp_path / "out", np.float32)
+    from builder.package import vision_target
+
+    f32 = np.dtype(np.float32)
+    assert vision_target(Target(io_dtype=f32, quantization=Quantization(bits=4))).narrow_float_matrices
+    assert not vision_target(Target(io_dtype=f32)).narrow_float_matrices  # an fp32 build's tower: float32
+    session = build_vision(source, tmp_path / "out", np.float32, narrow=True)
     stored = {t.name: t.data_type for t in onnx.load(tmp_path / "out" / "model.onnx", load_external_data=False).graph.initializer}
     matrices = [n for n in stored if n.endswith(("q_proj.weight", "fc1.weight", "fc2.weight"))]
     assert len(matrices) == 6 and all(stored[n] == onnx.TensorProto.BFLOAT16 for n in matrices)

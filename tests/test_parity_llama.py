@@ -3,7 +3,7 @@
 import pytest
 import torch
 from conftest import TINY
-from helpers import assert_parity, build, make_checkpoint
+from helpers import PROMPT, assert_parity, build, make_checkpoint
 
 VARIANTS = {
     "llama": ("LlamaConfig", {}),
@@ -47,22 +47,43 @@ def test_fp16_matches_transformers(name, tmp_path):
     assert_parity(build(source, tmp_path / "out", "-p", "fp16"), source, tolerance=1e-2)
 
 
-@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
-def test_bf16_checkpoint_builds_fp32_exactly(tmp_path, tied):
+def test_bf16_checkpoint_builds_fp32_exactly(tmp_path):
     # A bf16 checkpoint (as most hub models are) widened to fp32 must give transformers' fp32
-    # results on the same bf16 values.
-    # The untied embedding table and the matrices stay bfloat16 on disk, each gathered row widened
-    # and each matrix widened by a Cast ONNX Runtime folds at load (half the bytes); a tied table is
-    # stored once, gathered and multiplied (transposed) from the same bfloat16 bytes.
+    # results on the same bf16 values. The untied embedding table stays bfloat16 on disk, each
+    # gathered row widened (half the bytes, no cost at load); the matrices are float32, as asked.
     import onnx
 
-    source = make_checkpoint(tmp_path / "src", "LlamaConfig", dtype=torch.bfloat16, **{**TINY, "tie_word_embeddings": tied})
+    source = make_checkpoint(tmp_path / "src", "LlamaConfig", dtype=torch.bfloat16, **TINY)
     out = build(source, tmp_path / "out", "-p", "fp32")
     assert_parity(out, source, tolerance=1e-4)
     stored = {t.name: t.data_type for t in onnx.load(out / "model.onnx", load_external_data=False).graph.initializer}
     assert stored["model.embed_tokens.weight"] == onnx.TensorProto.BFLOAT16
-    assert {stored[n] for n in stored if n.endswith("proj.weight")} == {onnx.TensorProto.BFLOAT16}
-    assert ("lm_head.weight" in stored) != tied
+    assert {stored[n] for n in stored if n.endswith("proj.weight")} == {onnx.TensorProto.FLOAT}
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_float_layers_of_a_quantized_build_keep_bf16(tmp_path, tied):
+    # In an int4 build the float lm_head (--exclude-lm-head) stays bfloat16 on disk, widened by a
+    # Cast ONNX Runtime folds at load; a tied table is stored once, gathered and multiplied
+    # (transposed) from the same bytes. transformers with the other linears rounded as the build does.
+    import onnx
+    from fake_quant import fake_quantize_model
+    from helpers import OnnxDecoder, model_logits, relative_error
+
+    import transformers
+
+    source = make_checkpoint(tmp_path / "src", "LlamaConfig", dtype=torch.bfloat16, **{**TINY, "tie_word_embeddings": tied})
+    out = build(source, tmp_path / "out", "-p", "int4", "--exclude-lm-head", "--accuracy-level", "0",
+                "--quant-method", "rtn", "--symmetric")
+    stored = {t.name: t.data_type for t in onnx.load(out / "model.onnx", load_external_data=False).graph.initializer}
+    table = "model.embed_tokens.weight"
+    assert stored[table] == onnx.TensorProto.BFLOAT16 and ("lm_head.weight" in stored) != tied
+    assert stored.get("lm_head.weight", onnx.TensorProto.BFLOAT16) == onnx.TensorProto.BFLOAT16
+    model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    fake_quantize_model(model, 4, 32, True, lm_head=False)
+    want_prefill, want_step, next_id = model_logits(model, PROMPT)
+    prefill, step = OnnxDecoder(out).prefill_and_step(PROMPT, next_id)
+    assert relative_error(prefill, want_prefill) < 1e-4 and relative_error(step, want_step) < 1e-4
 
 
 @pytest.mark.parametrize("stored", ["equal", "different"])

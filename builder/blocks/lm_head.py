@@ -27,7 +27,7 @@ def shared_vocabulary(g: Graph, weight: Weight, target: Target) -> Shared | None
     """
     if not target.quantizes("lm_head"):
         with g.scope("model", "embed_tokens"):
-            return g.weight("weight", weight.astype(stored_float.stored_dtype(weight, target)))
+            return g.weight("weight", weight.astype(stored_float.matrix_dtype(weight, target)))
     q = target.quantization
     if not target.provider.quantized_gather:  # the lookup keeps a float table (embedding)
         return None

@@ -5,11 +5,14 @@ tower of an int4 image-and-text package, a float layer of a quantized build) hol
 of which float32 represents exactly. Such a weight is stored as it is, half the bytes of a float32
 copy, and widened in the graph by a Cast: the same float32 values reach every operator.
 
+- A lookup table (embedding, `table_dtype`): gathered as stored and each gathered row widened
+  (`widened`). It costs nothing at load and one Cast of the gathered rows a step: always done.
 - A matrix (`matrix`): Cast right after the initializer. ONNX Runtime folds a Cast of a constant
   when it loads the session (its constant folding, on at every optimization level but
   ORT_DISABLE_ALL), so a run multiplies the same prepacked float32 matrix as before; what it costs
-  is the widening once at load (0.3 s for 420 million weights, docs/BENCHMARKS.md).
-- A lookup table (embedding): gathered as stored and each gathered row widened (`widened`).
+  is the widening at every session start, 0.5 to 1 s per GB of float32 on this project's machine
+  (docs/BENCHMARKS.md). So only where Target.narrow_float_matrices asks: a quantized build's float
+  layers and a quantized package's vision tower, not an fp32 build, whose user asked for float32.
 
 Other providers and activation dtypes store the weight in the activations' dtype, as before.
 """
@@ -27,21 +30,27 @@ from builder.target import Target
 HALF = (np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
 
-def stored_dtype(weight: Weight, target: Target) -> np.dtype:
-    """The dtype a float (unquantized) weight is stored in: its own bfloat16 or float16 under
-    float32 activations on the CPU, the activations' dtype otherwise."""
+def table_dtype(weight: Weight, target: Target) -> np.dtype:
+    """The dtype a float lookup table is stored in: its own bfloat16 or float16 under float32
+    activations on the CPU, the activations' dtype otherwise."""
     if (weight.blocks is None and np.dtype(target.io_dtype) == np.float32 and target.execution_provider == "cpu"
             and weight.dtype in HALF):
         return weight.dtype
     return np.dtype(target.io_dtype)
 
 
+def matrix_dtype(weight: Weight, target: Target) -> np.dtype:
+    """The dtype a float matrix is stored in: table_dtype's where the target narrows its float
+    matrices, the activations' dtype otherwise."""
+    return table_dtype(weight, target) if target.narrow_float_matrices else np.dtype(target.io_dtype)
+
+
 def widened(g: Graph, x: ir.Value, target: Target) -> ir.Value:
-    """x in the activations' dtype: a Cast when x is stored narrower (stored_dtype), x itself else."""
+    """x in the activations' dtype: a Cast when x is stored narrower, x itself else."""
     io = ir.DataType.from_numpy(np.dtype(target.io_dtype))
     return x if x.dtype == io else g.op.Cast(x, to=io)
 
 
 def matrix(g: Graph, name: str, weight: Weight, target: Target) -> ir.Value:
-    """The float weight `weight` registered as `name` (in stored_dtype), read in the activations' dtype."""
-    return widened(g, g.weight(name, weight.astype(stored_dtype(weight, target))), target)
+    """The float matrix `weight` registered as `name` (in matrix_dtype), read in the activations' dtype."""
+    return widened(g, g.weight(name, weight.astype(matrix_dtype(weight, target))), target)
