@@ -41,7 +41,7 @@ def embedding(
         # activations is stored as it is and each gathered row widened (blocks.stored_float): the
         # same values at half the bytes (an untied Llama-3.1-8B table is 1.05 GB instead of 2.1 GB).
         table = shared if shared is not None else g.weight("weight", weight.astype(stored_float.table_dtype(weight, target)))
-        x = stored_float.widened(g, g.op.Gather(table, input_ids, axis=0), target)
+        x = stored_float.widened(g, g.op.Gather(table, input_ids, axis=0), target, stored=table)
     if scale is not None:
         x = g.op.Mul(x, g.constant(scale, target.io_dtype))
     return x

@@ -45,10 +45,14 @@ def matrix_dtype(weight: Weight, target: Target) -> np.dtype:
     return table_dtype(weight, target) if target.narrow_float_matrices else np.dtype(target.io_dtype)
 
 
-def widened(g: Graph, x: ir.Value, target: Target) -> ir.Value:
-    """x in the activations' dtype: a Cast when x is stored narrower, x itself else."""
+def widened(g: Graph, x: ir.Value, target: Target, stored: ir.Value | None = None) -> ir.Value:
+    """x in the activations' dtype: a Cast when x (or `stored`, the initializer x was gathered
+    from, whose dtype x has) is narrower, x itself else."""
     io = ir.DataType.from_numpy(np.dtype(target.io_dtype))
-    return x if x.dtype == io else g.op.Cast(x, to=io)
+    dtype = (stored if stored is not None else x).dtype
+    if dtype is None:
+        raise ValueError(f"{x.name}: no dtype to widen from")
+    return x if dtype == io else g.op.Cast(x, to=io)
 
 
 def matrix(g: Graph, name: str, weight: Weight, target: Target) -> ir.Value:
