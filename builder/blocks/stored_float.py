@@ -1,9 +1,8 @@
 """Float weights stored in the checkpoint's own 16-bit dtype under float32 activations on the CPU.
 
-A bfloat16 or float16 checkpoint built for float32 activations (a CPU fp32 build, the float32 vision
-tower of an int4 image-and-text package, a float layer of a quantized build) holds values every one
-of which float32 represents exactly. Such a weight is stored as it is, half the bytes of a float32
-copy, and widened in the graph by a Cast: the same float32 values reach every operator.
+Every value of a bfloat16 or float16 weight is a float32 exactly. Built for float32 activations,
+such a weight can be stored as it is, half the bytes of a float32 copy, and widened in the graph by
+a Cast: the same float32 values reach every operator.
 
 - A lookup table (embedding, `table_dtype`): gathered as stored and each gathered row widened
   (`widened`). It costs nothing at load and one Cast of the gathered rows a step: always done.
