@@ -75,7 +75,9 @@ def mapped(info: TensorInfo) -> Iterator[np.ndarray]:
     start = info.offset - info.offset % mmap.ALLOCATIONGRANULARITY
     with open(info.path, "rb") as f:
         mm = mmap.mmap(f.fileno(), info.offset - start + info.nbytes, offset=start, access=mmap.ACCESS_READ)
-    mm.madvise(mmap.MADV_SEQUENTIAL)  # read ahead: weights are consumed front to back
+    # No MADV_SEQUENTIAL: with the kernel's default read-around the two writer threads page in a
+    # 24 GB checkpoint faster (the full gemma-3-12b-it int4 package 53.1 -> 43.7 s, round-to-nearest
+    # 38.3 -> 30.4 s, cold; docs/BENCHMARKS.md), and each finished range is dropped (MADV_DONTNEED).
     try:
         raw = np.frombuffer(mm, info.dtype, int(np.prod(info.shape)), info.offset - start)
         base = raw.__array_interface__["data"][0] - (info.offset - start)
