@@ -145,8 +145,7 @@ def _save_one(model: ir.Model, folder: Path, stem: str, callback, stored: dict[o
     references alone; every initializer is given back its lazy tensor afterwards."""
     values = _external(model)
     lazy = {v: v.const_value for v in values}
-    fresh = _external(model, stored)
-    fresh_ids = {id(v) for v in fresh}
+    fresh = [v for v in values if content_key(v.const_value) not in stored]
     try:
         if fresh:
             written = ir.external_data.convert_tensors_to_external(
@@ -156,11 +155,10 @@ def _save_one(model: ir.Model, folder: Path, stem: str, callback, stored: dict[o
                 if (key := content_key(v.const_value)) is not None:
                     stored[key] = tensor
                 v.const_value = tensor
-        for v in values:
-            if id(v) not in fresh_ids:
-                earlier = stored[content_key(lazy[v])]
-                v.const_value = ir.ExternalTensor(earlier.location, earlier.offset, earlier.length, earlier.dtype,
-                                                  shape=earlier.shape, name=v.name, base_dir=folder)
+        for v in set(values) - set(fresh):  # an earlier model stored their values
+            earlier = stored[content_key(lazy[v])]
+            v.const_value = ir.ExternalTensor(earlier.location, earlier.offset, earlier.length, earlier.dtype,
+                                              shape=earlier.shape, name=v.name, base_dir=folder)
         # Shapes and axes stay inline, where ONNX Runtime's shape inference reads them.
         ir.save(model, folder / f"{stem}.onnx")
     finally:
