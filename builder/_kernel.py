@@ -1,225 +1,235 @@
-"""The quantizer's compiled single-pass kernels (numba), imported only when numba is installed.
+"""The quantizer's compiled kernel (numba), imported only when numba is installed.
 
-Each function does, per block, exactly the float32 arithmetic that builder/quantize.py's numpy
-path does, in the same order, so both give the same bytes (tests/test_quantize_kernel.py). They
-release the GIL, so the writer's threads quantize different tensors on different cores. Compiled
-on first use and cached next to this file (`cache=True`).
+One pass over a chunk of rows does all of a block's work while the block is in registers and L1:
+read it (bfloat16 widened by a shift on the way), its round-to-nearest scale and zero point, the
+scale search, the scale's rounding to the stored dtype, the codes and their packing. Per block it
+does exactly the float32 arithmetic that builder/quantize.py's numpy path does, in the same order,
+so both give the same bytes (tests/test_quantize_kernel.py). It releases the GIL, so the writer's
+threads quantize different tensors on different cores. Compiled on first use and cached next to
+this file (`cache=True`).
 
-Written so that LLVM vectorizes the per-element loops: every hot loop indexes an array from 0
-with a counter that starts at 0 (a slice per block, not `w[i, start + j]`). numba wraps negative
-indices, and an index it cannot prove non-negative costs a compare and select per element, which
-kept these loops scalar: 5-8× slower.
+Blocks are worked TILE at a time, transposed into [block_size, TILE] tiles, so that every step is a
+few vector operations across blocks (16 float32 to an AVX-512 register). Written so that LLVM
+vectorizes those loops: every hot loop indexes an array from 0 with a counter that starts at 0.
+numba wraps negative indices, and an index it cannot prove non-negative costs a compare and select
+per element, which kept such loops scalar: 5-8× slower.
 """
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
-from numba import njit
+from numba import njit, types
+from numba.extending import overload
+
+if sys.byteorder != "little":  # the codes are packed into words as little-endian bytes
+    raise ImportError("builder._kernel packs codes little-endian; the numpy path serves this machine")
 
 F0, F1, HALF = np.float32(0), np.float32(1), np.float32(0.5)
 
+# The stored scale's dtype, as quantize_blocks takes it (`scale_kind`), and by the dtype's name.
+SCALE_FLOAT32, SCALE_FLOAT16, SCALE_BFLOAT16 = 0, 1, 2
+SCALE_KINDS = {"float32": SCALE_FLOAT32, "float16": SCALE_FLOAT16, "bfloat16": SCALE_BFLOAT16}
 
-@njit(nogil=True, cache=True)
-def widen_bf16(bits, out):
-    """bfloat16 values (their uint16 bits) [n, k] into float32 `out` [n, k]: the float32 whose top
-    half they are, exactly what ml_dtypes' cast gives (NaNs included), in one vectorized pass."""
-    flat_in = bits.reshape(-1)
-    flat_out = out.reshape(-1).view(np.uint32)
-    for j in range(flat_in.size):
-        flat_out[j] = np.uint32(flat_in[j]) << np.uint32(16)
-
-
-@njit(nogil=True, cache=True, error_model="numpy")
-def block_params(w, block_size, bits, symmetric, scales, zps):
-    """Round-to-nearest scale (float32, before the cast to the stored dtype) and zero point per block.
-    A row's blocks first get their min, max and first element, then their parameters in one loop
-    across blocks, with selects where the numpy path has np.where (so it vectorizes; numpy's error
-    model lets a 0/0 that a select then drops pass without a check)."""
-    n, k = w.shape
-    k_blocks = scales.shape[1]
-    top = np.float32((1 << bits) - 1)
-    mid = np.float32(1 << (bits - 1))
-    los = np.empty(k_blocks, np.float32)
-    his = np.empty(k_blocks, np.float32)
-    firsts = np.empty(k_blocks, np.float32)
-    for i in range(n):
-        row = w[i]
-        for b in range(k_blocks):
-            start = b * block_size
-            x = row[start:min(start + block_size, k)]
-            lo = x[0]
-            hi = x[0]
-            for j in range(x.size):
-                lo = min(lo, x[j])
-                hi = max(hi, x[j])
-            if x.size < block_size:  # the zero padding past K
-                lo = min(lo, F0)
-                hi = max(hi, F0)
-            los[b] = lo
-            his[b] = hi
-            firsts[b] = x[0]
-        row_scales = scales[i]
-        row_zps = zps[i]
-        if symmetric:
-            for b in range(k_blocks):
-                lo, hi = los[b], his[b]
-                m = hi if abs(hi) > abs(lo) else lo
-                # A block of ±0: its first element's sign, as ONNX Runtime's min/max keep it.
-                m = firsts[b] if m == F0 else m
-                row_scales[b] = -m / mid
-                row_zps[b] = mid
-        else:
-            for b in range(k_blocks):
-                # Which of equal zeros min/max return cannot matter here: hi − lo and −lo / s are
-                # the same for ±0 (an all-zero block's hi and lo are the same element: s = +0).
-                lo = min(los[b], F0)
-                hi = max(his[b], F0)
-                s = (hi - lo) / top
-                zp = F0 - lo / s if s != F0 else lo
-                t = np.trunc(zp)
-                rounded = t + F1 if zp - t >= HALF else t  # roundf: halves away from zero
-                row_scales[b] = s
-                row_zps[b] = F0 if zp < F0 else (top if zp > top else rounded)
-
-
-@njit(nogil=True, cache=True)
-def encode(w, block_size, bits, stored, zps, data):
-    """clamp(roundf(w · (1 / scale) + zp), 0, top) packed into data [n, k_blocks·block_size·bits/8]."""
-    n, k = w.shape
-    k_blocks = stored.shape[1]
-    top = np.float32((1 << bits) - 1)
-    codes = np.zeros(k_blocks * block_size, np.uint8)  # the padding past K keeps code 0
-    for i in range(n):
-        row = w[i]
-        for b in range(k_blocks):
-            start = b * block_size
-            x = row[start:min(start + block_size, k)]
-            c = codes[start:start + x.size]
-            s = stored[i, b]
-            r = F1 / s if s != F0 else F0
-            z = zps[i, b]
-            for j in range(x.size):
-                v = x[j] * r + z
-                q = np.rint(v)
-                q += np.float32(v - q == HALF)  # rint halves to even; roundf away from zero
-                q = min(max(q, F0), top)
-                c[j] = np.uint8(np.int32(q))
-        out = data[i]
-        if bits == 8:
-            for j in range(out.size):
-                out[j] = codes[j]
-        else:
-            for j in range(out.size):
-                out[j] = codes[2 * j] | (codes[2 * j + 1] << np.uint8(4))
-
-
-# Blocks searched side by side: the search's arrays are [block_size, TILE], element j of TILE
-# blocks, so every step is a few vector operations across blocks (16 float32 to an AVX-512
-# register). Measured: 16 or 32 blocks are 2-3× slower than 64 (loop overhead per row of the tile).
+# Blocks worked side by side. Measured: 16 or 32 blocks are 2-3× slower than 64 (loop overhead per
+# row of the tile).
 TILE = 64
 
 
-@njit(nogil=True, cache=True)
-def search(w, block_size, bits, symmetric, factors, scales, zps):
-    """quantize._search per block: in place, the RTN (scales, zps) become the least-error candidate's."""
-    n, k = w.shape
+@njit(nogil=True, cache=True, error_model="numpy")
+def quantize_blocks(src, block_size, bits, symmetric, scale_kind, factors, scales, zps, data):
+    """Quantizes rows src [n, k] (float32, or uint16 holding bfloat16 bits) into MatMulNBits' layout.
+
+    scales [n, k_blocks] float32 receives each block's scale already rounded to the stored dtype
+    (`scale_kind`), zps [n, k_blocks] uint8 its zero point (unpacked), data [n, k_blocks·block_size·
+    bits/8] uint8 the packed codes. `factors` empty: round-to-nearest; otherwise the search
+    (quantize._search) over the RTN scale divided by each factor."""
+    n, k = src.shape
     k_blocks = scales.shape[1]
     total = n * k_blocks
+    dense = k == k_blocks * block_size  # then a tile's blocks are one contiguous run of src
+    flat = src.reshape(-1)
+    flat_scales = scales.reshape(-1)
+    flat_zps = zps.reshape(-1)
+    words = block_size * bits // 32  # a block's packed codes in 32-bit words (block_size ≥ 16)
+    flat_words = data.reshape(-1).view(np.uint32)
     top = np.float32((1 << bits) - 1)
-    bs = np.float32(block_size)
-    half = block_size // 2
+    mid = np.float32(1 << (bits - 1))
     x = np.empty((block_size, TILE), np.float32)
-    importance = np.empty((block_size, TILE), np.float32)
-    weighted = np.empty((block_size, TILE), np.float32)
-    p_xl = np.empty((half, TILE), np.float32)
-    p_ll = np.empty((half, TILE), np.float32)
+    xu = x.view(np.uint32)
+    codes = np.empty((block_size, TILE), np.uint8)
+    packed = np.empty((words, TILE), np.uint32)
+    scratch = _search_scratch(block_size)
+    sizes = np.empty(TILE, np.int64)
     lo = np.empty(TILE, np.float32)
-    scale0 = np.empty(TILE, np.float32)
-    zp0 = np.empty(TILE, np.float32)
+    hi = np.empty(TILE, np.float32)
     s = np.empty(TILE, np.float32)
-    r = np.empty(TILE, np.float32)
     z = np.empty(TILE, np.float32)
-    rms = np.empty(TILE, np.float32)
-    best_err = np.empty(TILE, np.float32)
-    best_s = np.empty(TILE, np.float32)
-    best_z = np.empty(TILE, np.float32)
-    rows = np.empty(TILE, np.int64)
-    cols = np.empty(TILE, np.int64)
+    r = np.empty(TILE, np.float32)
     for first in range(0, total, TILE):
-        # Load TILE blocks transposed; past the last block, all-zero blocks whose results are
-        # dropped. (Row and block advance by counting: an integer division per block cost more
-        # than a candidate's whole evaluation.)
-        i, c = first // k_blocks, first % k_blocks
-        for t in range(TILE):
-            rows[t] = i
-            cols[t] = c
-            size = 0
-            scale0[t] = F0
-            zp0[t] = F0
-            if i < n:
+        count = min(TILE, total - first)
+        # Load; past the last block, all-zero blocks whose results are dropped.
+        if dense:
+            run = flat[first * block_size:(first + count) * block_size]
+            for j in range(block_size):
+                for t in range(count):
+                    _put(x, xu, j, t, run[t * block_size + j])
+            for t in range(count):
+                sizes[t] = block_size
+        else:
+            for t in range(count):
+                i, c = (first + t) // k_blocks, (first + t) % k_blocks
                 start = c * block_size
-                v = w[i, start:min(start + block_size, k)]
-                size = v.size
-                for j in range(size):
-                    x[j, t] = v[j]
-                scale0[t] = scales[i, c]
-                zp0[t] = zps[i, c]
-                c += 1
-                if c == k_blocks:
-                    i, c = i + 1, 0
-            for j in range(size, block_size):
+                v = src[i, start:min(start + block_size, k)]
+                sizes[t] = v.size
+                for j in range(v.size):
+                    _put(x, xu, j, t, v[j])
+                for j in range(v.size, block_size):
+                    x[j, t] = F0
+        for t in range(count, TILE):
+            sizes[t] = 0
+            for j in range(block_size):
                 x[j, t] = F0
-        # The block's RMS by quantize._block_sum's halving order (the first level fused in).
-        for j in range(half):
-            for t in range(TILE):
-                p_xl[j, t] = x[j, t] * x[j, t] + x[j + half, t] * x[j + half, t]
-        _tile_halving_sum(p_xl, half)
+        # Round-to-nearest: min and max (the padding's zeros last, as they sit), then the scale and
+        # zero point with selects.
         for t in range(TILE):
-            rms[t] = np.sqrt(p_xl[0, t] / bs)
             lo[t] = x[0, t]
+            hi[t] = x[0, t]
         for j in range(1, block_size):
             for t in range(TILE):
                 lo[t] = min(lo[t], x[j, t])
+                hi[t] = max(hi[t], x[j, t])
+        if symmetric:
+            for t in range(TILE):
+                m = hi[t] if abs(hi[t]) > abs(lo[t]) else lo[t]
+                # A block of ±0: its first element's sign, as ONNX Runtime's min/max keep it.
+                m = x[0, t] if m == F0 else m
+                s[t] = -m / mid
+                z[t] = mid
+        else:
+            for t in range(TILE):
+                # Which of equal zeros min/max return cannot matter here: hi − lo and −lo / s are
+                # the same for ±0 (an all-zero block's hi and lo are the same element: s = +0).
+                lo[t] = min(lo[t], F0)
+                hi[t] = max(hi[t], F0)
+                scale = (hi[t] - lo[t]) / top
+                zp = F0 - lo[t] / scale if scale != F0 else lo[t]
+                whole = np.trunc(zp)
+                rounded = whole + F1 if zp - whole >= HALF else whole  # roundf: halves away from zero
+                s[t] = scale
+                z[t] = F0 if zp < F0 else (top if zp > top else rounded)
+        _round_scales(s, scale_kind)
+        if factors.size:
+            _search(x, block_size, symmetric, top, factors, lo, s, z, scratch)
+            _round_scales(s, scale_kind)
+        # Codes against the stored scale: clamp(roundf(w · (1 / scale) + zp), 0, top).
         for t in range(TILE):
-            lo[t] = min(lo[t], F0)
-            best_err[t] = np.inf
-            best_s[t] = scale0[t]
-            best_z[t] = zp0[t]
+            r[t] = F1 / s[t] if s[t] != F0 else F0
         for j in range(block_size):
+            xj, cj = x[j], codes[j]
             for t in range(TILE):
-                importance[j, t] = rms[t] + abs(x[j, t])
-                weighted[j, t] = importance[j, t] * x[j, t]
-        for f in factors:
+                v = xj[t] * r[t] + z[t]
+                q = np.rint(v)
+                q += np.float32(v - q == HALF)  # rint halves to even; roundf away from zero
+                q = min(max(q, F0), top)
+                cj[t] = np.uint8(np.int32(q))
+        if not dense:  # the padding past K keeps code 0
+            for t in range(count):
+                for j in range(sizes[t], block_size):
+                    codes[j, t] = 0
+        # Packed little-endian into 32-bit words across the tile (element 2j in byte j's low nibble),
+        # then stored a word at a time: storing the tile's bytes one by one cost as much as the codes.
+        per_word = 32 // bits
+        for m in range(words):
+            row = packed[m]
             for t in range(TILE):
-                s[t] = scale0[t] / f
-                r[t] = F1 / s[t] if s[t] != F0 else F0
-            if symmetric:
+                row[t] = np.uint32(codes[m * per_word, t])
+            for e in range(1, per_word):
+                shift = np.uint32(e * bits)
+                c = codes[m * per_word + e]
                 for t in range(TILE):
-                    z[t] = zp0[t]
-            else:
-                for t in range(TILE):
-                    z[t] = min(max(np.rint(-lo[t] / s[t]) if s[t] != F0 else F0, F0), top)
-            # Σ weighted·l and Σ importance·l² (l = q − z), by halving: the first level, the pairs
-            # (j, j + half), computed as they are made.
-            for j in range(half):
-                for t in range(TILE):
-                    a = min(max(np.rint(x[j, t] * r[t] + z[t]), F0), top) - z[t]
-                    c = min(max(np.rint(x[j + half, t] * r[t] + z[t]), F0), top) - z[t]
-                    p_xl[j, t] = weighted[j, t] * a + weighted[j + half, t] * c
-                    p_ll[j, t] = importance[j, t] * a * a + importance[j + half, t] * c * c
-            _tile_halving_sum(p_xl, half)
-            _tile_halving_sum(p_ll, half)
-            for t in range(TILE):
-                sum_xl, sum_ll = p_xl[0, t], p_ll[0, t]
-                err = -(sum_xl * sum_xl / sum_ll) if sum_ll > F0 else -F0
-                if err < best_err[t]:
-                    best_err[t] = err
-                    best_s[t] = sum_xl / sum_ll if sum_ll > F0 else s[t]
-                    best_z[t] = z[t]
+                    row[t] |= np.uint32(c[t]) << shift
+        out = flat_words[first * words:(first + count) * words]
+        for t in range(count):
+            for m in range(words):
+                out[t * words + m] = packed[m, t]
+        for t in range(count):
+            flat_scales[first + t] = s[t]
+            flat_zps[first + t] = np.uint8(np.int32(z[t]))
+
+
+@njit(nogil=True, cache=True)
+def _search_scratch(block_size):
+    """The search's arrays, allocated once per call: importance and weighted [block_size, TILE], the
+    two halving sums [block_size / 2, TILE], and per block the RMS, the best error, scale and zero
+    point so far, a candidate's scale, zero point, reciprocal and bounds of q − z."""
+    half = block_size // 2
+    return (np.empty((block_size, TILE), np.float32), np.empty((block_size, TILE), np.float32),
+            np.empty((half, TILE), np.float32), np.empty((half, TILE), np.float32),
+            np.empty(TILE, np.float32), np.empty(TILE, np.float32), np.empty(TILE, np.float32),
+            np.empty(TILE, np.float32), np.empty(TILE, np.float32), np.empty(TILE, np.float32),
+            np.empty(TILE, np.float32), np.empty(TILE, np.float32), np.empty(TILE, np.float32))
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _search(x, block_size, symmetric, top, factors, lo, s, z, scratch):
+    """quantize._search on a tile: in place, the RTN (s, z) become the least-error candidate's.
+    lo: each block's min(min, 0) (read by the asymmetric search only)."""
+    importance, weighted, p_xl, p_ll, rms, best_err, best_s, best_z, cand_s, cand_z, r, low, high = scratch
+    half = block_size // 2
+    bs = np.float32(block_size)
+    # The block's RMS by quantize._block_sum's halving order (the first level fused in).
+    for j in range(half):
         for t in range(TILE):
-            if rows[t] < n:
-                scales[rows[t], cols[t]] = best_s[t]
-                zps[rows[t], cols[t]] = best_z[t]
+            p_xl[j, t] = x[j, t] * x[j, t] + x[j + half, t] * x[j + half, t]
+    _tile_halving_sum(p_xl, half)
+    for t in range(TILE):
+        rms[t] = np.sqrt(p_xl[0, t] / bs)
+        best_err[t] = np.inf
+        best_s[t] = s[t]
+        best_z[t] = z[t]
+    for j in range(block_size):
+        for t in range(TILE):
+            importance[j, t] = rms[t] + abs(x[j, t])
+            weighted[j, t] = importance[j, t] * x[j, t]
+    for f in factors:
+        for t in range(TILE):
+            cand_s[t] = s[t] / f
+            r[t] = F1 / cand_s[t] if cand_s[t] != F0 else F0
+        if symmetric:
+            for t in range(TILE):
+                cand_z[t] = z[t]
+        else:
+            for t in range(TILE):
+                cand_z[t] = min(max(np.rint(-lo[t] / cand_s[t]) if cand_s[t] != F0 else F0, F0), top)
+        # l = q − z = clamp(rint(w / s), −z, top − z), exact (z is a whole number); then Σ weighted·l
+        # and Σ importance·l², by halving: the first level, the pairs (j, j + half), computed as
+        # they are made.
+        for t in range(TILE):
+            low[t] = -cand_z[t]
+            high[t] = top - cand_z[t]
+        for j in range(half):
+            # Rows as 1-D views: indexing [j, t] in the loop recomputed each address from strides.
+            x0, x1, w0, w1 = x[j], x[j + half], weighted[j], weighted[j + half]
+            i0, i1, xl, ll = importance[j], importance[j + half], p_xl[j], p_ll[j]
+            for t in range(TILE):
+                a = min(max(np.rint(x0[t] * r[t]), low[t]), high[t])
+                c = min(max(np.rint(x1[t] * r[t]), low[t]), high[t])
+                xl[t] = w0[t] * a + w1[t] * c
+                ll[t] = i0[t] * a * a + i1[t] * c * c
+        _tile_halving_sum(p_xl, half)
+        _tile_halving_sum(p_ll, half)
+        for t in range(TILE):
+            sum_xl, sum_ll = p_xl[0, t], p_ll[0, t]
+            err = -(sum_xl * sum_xl / sum_ll) if sum_ll > F0 else -F0
+            if err < best_err[t]:
+                best_err[t] = err
+                best_s[t] = sum_xl / sum_ll if sum_ll > F0 else cand_s[t]
+                best_z[t] = cand_z[t]
+    for t in range(TILE):
+        s[t] = best_s[t]
+        z[t] = best_z[t]
 
 
 @njit(nogil=True, cache=True)
@@ -231,3 +241,47 @@ def _tile_halving_sum(p, size):
         for j in range(half):
             for t in range(TILE):
                 p[j, t] = p[j, t] + p[j + half, t]
+
+
+@njit(nogil=True, cache=True, error_model="numpy")
+def _round_scales(s, scale_kind):
+    """In place, each float32 scale to the nearest value of the stored dtype (ties to even), what
+    numpy's and ml_dtypes' casts give (NaNs quieted, keeping their sign and top payload bits)."""
+    if scale_kind == SCALE_FLOAT32:
+        return
+    u = s.view(np.uint32)
+    for t in range(s.size):
+        bits = u[t]
+        sign = bits & np.uint32(0x80000000)
+        mag = bits & np.uint32(0x7FFFFFFF)
+        if scale_kind == SCALE_BFLOAT16:
+            if mag > np.uint32(0x7F800000):
+                u[t] = sign | np.uint32(0x7FC00000)
+            else:  # overflow to ±inf falls out of the carry
+                u[t] = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+        elif mag > np.uint32(0x7F800000):  # float16 from here on: NaN
+            u[t] = sign | np.uint32(0x7FC00000) | (mag & np.uint32(0x007FE000))
+        elif mag >= np.uint32(0x477FF000):  # 65520 and up (and inf) round to inf
+            u[t] = sign | np.uint32(0x7F800000)
+        elif mag < np.uint32(0x38800000):  # below float16's least normal, 2^-14: steps of 2^-24, exact
+            q = np.rint(abs(s[t]) * np.float32(2.0 ** 24)) * np.float32(2.0 ** -24)
+            s[t] = q
+            u[t] = u[t] | sign
+        else:  # drop 13 mantissa bits, ties to even; a carry moves into the exponent as it should
+            u[t] = (bits + np.uint32(0xFFF) + ((bits >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
+
+
+def _put(x, xu, j, t, v):
+    """x[j, t] = v as float32: a bfloat16's bits (uint16) widened by a shift, exactly ml_dtypes' cast."""
+
+
+@overload(_put, inline="always")
+def _put_impl(x, xu, j, t, v):
+    if v == types.uint16:
+        def widen(x, xu, j, t, v):
+            xu[j, t] = np.uint32(v) << np.uint32(16)
+        return widen
+
+    def store(x, xu, j, t, v):
+        x[j, t] = v
+    return store

@@ -108,33 +108,28 @@ def _quantize_rows(w: np.ndarray, bits: int, block_size: int, symmetric: bool, s
     return codes, scales, zp.astype(np.uint8)
 
 
-def _quantize_rows_compiled(kernel, w: np.ndarray, data: np.ndarray, bits: int, block_size: int, symmetric: bool,
+def _quantize_rows_compiled(kernel, chunk, data: np.ndarray, bits: int, block_size: int, symmetric: bool,
                             scale_dtype: np.dtype, method: str):
-    """_quantize_rows by the compiled kernels, writing the packed codes into `data`; returns (scales, zero points)."""
-    n = w.shape[0]
+    """_quantize_rows by the compiled kernel in one pass over the chunk, writing the packed codes into
+    `data`; returns (scales in scale_dtype, zero points uint8)."""
+    n = chunk.shape[0]
     scales = np.empty((n, data.shape[1]), np.float32)
-    zps = np.empty_like(scales)
-    kernel.block_params(w, block_size, bits, symmetric, scales, zps)
-    stored = scales.astype(scale_dtype)
-    if method == "search":
-        scales = stored.astype(np.float32)
-        kernel.search(w, block_size, bits, symmetric, _SEARCH_FACTORS_F32, scales, zps)
-        stored = scales.astype(scale_dtype)
-    kernel.encode(w, block_size, bits, stored.astype(np.float32), zps, data.reshape(n, -1))
-    return stored, zps.astype(np.uint8)
+    zps = np.empty((n, data.shape[1]), np.uint8)
+    kernel.quantize_blocks(_kernel_source(chunk), block_size, bits, symmetric, kernel.SCALE_KINDS[scale_dtype.name],
+                           _SEARCH_FACTORS_F32 if method == "search" else _NO_FACTORS, scales, zps,
+                           data.reshape(n, -1))
+    return scales.astype(scale_dtype), zps
 
 
-def _float32_chunk(kernel, chunk) -> np.ndarray:
-    """A chunk of rows as float32: bfloat16 widened by the kernel (a shift: exact, and ~10× faster
-    than ml_dtypes' cast), float32 as it is, anything else cast by numpy."""
-    if isinstance(chunk, np.ndarray) and chunk.flags.c_contiguous:
-        if chunk.dtype == np.float32:
-            return chunk
-        if kernel is not None and chunk.dtype.name == "bfloat16" and chunk.dtype.itemsize == 2:
-            out = np.empty(chunk.shape, np.float32)
-            kernel.widen_bf16(chunk.view(np.uint16), out)
-            return out
-    return np.asarray(chunk, dtype=np.float32)
+_NO_FACTORS = np.empty(0, np.float32)
+
+
+def _kernel_source(chunk) -> np.ndarray:
+    """A chunk of rows as the kernel reads it: bfloat16 as its uint16 bits (the kernel widens them,
+    exactly), float32 as it is, anything else cast by numpy; C-contiguous."""
+    if isinstance(chunk, np.ndarray) and chunk.dtype.name == "bfloat16" and chunk.dtype.itemsize == 2:
+        return np.ascontiguousarray(chunk).view(np.uint16)
+    return np.ascontiguousarray(chunk, dtype=np.float32)
 
 
 def _codes(blocks: np.ndarray, stored: np.ndarray, zp: np.ndarray, top: np.float32) -> np.ndarray:
@@ -194,11 +189,11 @@ def _search(blocks: np.ndarray, scale0: np.ndarray, zp0: np.ndarray, top: np.flo
                 z = np.clip(np.rint(np.where(s != 0, -lo / s, 0)), 0, top).astype(np.float32)
         with np.errstate(divide="ignore"):
             r = np.where(s != 0, np.float32(1) / s, np.float32(0)).astype(np.float32)
+        # q − z = clamp(rint(w / s), −z, top − z): exact, as z is a whole number.
         np.multiply(blocks, r[:, :, None], out=x)
-        x += z[:, :, None]
         np.rint(x, out=x)
-        np.clip(x, 0, top, out=x)
-        x -= z[:, :, None]  # q − z
+        np.maximum(x, -z[:, :, None], out=x)
+        np.minimum(x, (top - z)[:, :, None], out=x)
         sum_xl = _block_sum(weighted * x)
         np.multiply(importance, x, out=scratch)
         scratch *= x
@@ -258,20 +253,22 @@ def quantize(rows, bits: int = 4, block_size: int = 32, symmetric: bool = True,
     scales = np.empty(scales_shape, scale_dtype)
     zero_points = None if symmetric else np.empty(zp_shape, np.uint8)
     step = max(1, ROW_CHUNK_ELEMENTS // max(k, 1))
+    kernel = _kernel() if USE_KERNEL and n * k >= KERNEL_MIN_ELEMENTS else None
+    if kernel is not None and np.dtype(scale_dtype).name not in kernel.SCALE_KINDS:
+        kernel = None  # a scale dtype the kernel does not round to: the numpy path
     for start in range(0, n, step):
         stop = min(n, start + step)
-        kernel = _kernel() if USE_KERNEL and n * k >= KERNEL_MIN_ELEMENTS else None
-        chunk = _float32_chunk(kernel, rows[start:stop])
         if kernel is not None:
-            s, zp = _quantize_rows_compiled(kernel, chunk, data[start:stop], bits, block_size, symmetric,
-                                            np.dtype(scale_dtype), method)
+            s, zp = _quantize_rows_compiled(kernel, rows[start:stop], data[start:stop], bits, block_size,
+                                            symmetric, np.dtype(scale_dtype), method)
         else:
+            chunk = np.asarray(rows[start:stop], dtype=np.float32)
             codes, s, zp = _quantize_rows(chunk, bits, block_size, symmetric, np.dtype(scale_dtype), method)
             data[start:stop] = pack_codes(codes, bits, 0)
+            del chunk
         scales[start:stop] = s
         if zero_points is not None:
             zero_points[start:stop] = pack_codes(zp, bits, 1 << (bits - 1))
-        del chunk
         release(rows[start:stop])  # a mapped source's pages for these rows are no longer needed
     return QuantizedMatrix(data, scales, zero_points)
 

@@ -39,12 +39,15 @@ def both(monkeypatch, w, *args):
 
 
 @pytest.mark.parametrize("method", ["rtn", "search"])
-@pytest.mark.parametrize("scale_dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("scale_dtype", [np.float32, np.float16, "bfloat16"])
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 def test_kernel_gives_the_numpy_bytes(monkeypatch, method, scale_dtype, bits, symmetric, block_size):
+    import ml_dtypes
+
     assert quantize_module._kernel() is not None
+    scale_dtype = ml_dtypes.bfloat16 if scale_dtype == "bfloat16" else scale_dtype
     for name, w in INPUTS.items():
         kernel, numpy = both(monkeypatch, w, bits, block_size, symmetric, scale_dtype, method)
         for a, b, part in zip((kernel.data, kernel.scales, kernel.zero_points),
@@ -70,14 +73,46 @@ def test_kernel_reads_bf16_fp16_chunk_by_chunk(monkeypatch, method):
 
 def test_kernel_releases_the_gil():
     kernel = quantize_module._kernel()
-    for fn in (kernel.widen_bf16, kernel.block_params, kernel.encode, kernel.search):
+    for fn in (kernel.quantize_blocks, kernel._search, kernel._round_scales, kernel._tile_halving_sum):
         assert fn.targetoptions["nogil"], fn
 
 
-def test_kernel_widens_every_bf16_as_ml_dtypes_does():
+def test_kernel_widens_every_bf16_as_ml_dtypes_does(monkeypatch):
     import ml_dtypes
 
-    bits = np.arange(1 << 16, dtype=np.uint16).reshape(256, 256)  # every bfloat16, NaNs and ±0 included
-    out = np.empty(bits.shape, np.float32)
-    quantize_module._kernel().widen_bf16(bits, out)
-    np.testing.assert_array_equal(out.view(np.uint32), bits.view(ml_dtypes.bfloat16).astype(np.float32).view(np.uint32))
+    # Every finite bfloat16 of magnitude 2^-100 and up, and ±0, alone in its block: the symmetric
+    # scale is −value / 8, exact, so the scales show each widened value.
+    values = np.arange(1 << 16, dtype=np.uint16).view(ml_dtypes.bfloat16)
+    wide = np.abs(values.astype(np.float32))
+    values = values[np.isfinite(wide) & ((wide >= 2.0 ** -100) | (wide == 0))]
+    w = np.zeros((values.size, 32), ml_dtypes.bfloat16)
+    w[:, 5] = values
+    kernel, numpy = both(monkeypatch, w, 4, 32, True, np.float32, "rtn")
+    np.testing.assert_array_equal(kernel.scales.view(np.uint32), numpy.scales.view(np.uint32))
+    np.testing.assert_array_equal(kernel.data, numpy.data)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_kernel_rounds_scales_as_numpy_casts(dtype):
+    import ml_dtypes
+
+    from builder._kernel import SCALE_BFLOAT16, SCALE_FLOAT16
+
+    # Every 4099th float32 bit pattern (all exponents, both signs, NaNs, infinities) and the edges:
+    # float16's overflow threshold 65520 and its neighbours, its least normal and subnormals, ties.
+    u = np.arange(0, 1 << 32, 4099, dtype=np.uint64).astype(np.uint32)
+    edges = np.array([65504, 65519.996, 65520, 65536, 2.0 ** -14, 2.0 ** -24, 1.5 * 2.0 ** -24, 2.5 * 2.0 ** -24,
+                      2.0 ** -25, 1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, 1 + 2.0 ** -8, 3.3895e38, np.inf, np.nan],
+                     np.float32)
+    values = np.concatenate([u.view(np.float32), edges, -edges])
+    target = np.float16 if dtype == "float16" else ml_dtypes.bfloat16
+    with np.errstate(over="ignore", invalid="ignore"):
+        expected = values.astype(target).astype(np.float32)
+    got = values.copy()
+    quantize_module._kernel()._round_scales(got, SCALE_FLOAT16 if dtype == "float16" else SCALE_BFLOAT16)
+    nan = np.isnan(expected)
+    np.testing.assert_array_equal(np.isnan(got), nan)
+    np.testing.assert_array_equal(got.view(np.uint32)[~nan], expected.view(np.uint32)[~nan])
+    # NaNs: quiet, with the value's sign (payloads are the casts' own business, and never reach a scale
+    # from arithmetic other than as the default quiet NaN, which both keep).
+    np.testing.assert_array_equal(np.signbit(got[nan]), np.signbit(values[nan]))
