@@ -163,20 +163,20 @@ def quantize_blocks(src, block_size, bits, symmetric, scale_kind, factors, scale
 def _search_scratch(block_size):
     """The search's arrays, allocated once per call: importance and weighted [block_size, TILE], the
     two halving sums [block_size / 2, TILE], and per block the RMS, the best error, scale and zero
-    point so far, a candidate's scale, zero point, reciprocal and bounds of q − z."""
+    point so far, a candidate's scale, zero point and reciprocal."""
     half = block_size // 2
     return (np.empty((block_size, TILE), np.float32), np.empty((block_size, TILE), np.float32),
             np.empty((half, TILE), np.float32), np.empty((half, TILE), np.float32),
             np.empty(TILE, np.float32), np.empty(TILE, np.float32), np.empty(TILE, np.float32),
             np.empty(TILE, np.float32), np.empty(TILE, np.float32), np.empty(TILE, np.float32),
-            np.empty(TILE, np.float32), np.empty(TILE, np.float32), np.empty(TILE, np.float32))
+            np.empty(TILE, np.float32))
 
 
 @njit(nogil=True, cache=True, error_model="numpy")
 def _search(x, block_size, symmetric, top, factors, lo, s, z, scratch):
     """quantize._search on a tile: in place, the RTN (s, z) become the least-error candidate's.
     lo: each block's min(min, 0) (read by the asymmetric search only)."""
-    importance, weighted, p_xl, p_ll, rms, best_err, best_s, best_z, cand_s, cand_z, r, low, high = scratch
+    importance, weighted, p_xl, p_ll, rms, best_err, best_s, best_z, cand_s, cand_z, r = scratch
     half = block_size // 2
     bs = np.float32(block_size)
     # The block's RMS by quantize._block_sum's halving order (the first level fused in).
@@ -203,19 +203,15 @@ def _search(x, block_size, symmetric, top, factors, lo, s, z, scratch):
         else:
             for t in range(TILE):
                 cand_z[t] = min(max(np.rint(-lo[t] / cand_s[t]) if cand_s[t] != F0 else F0, F0), top)
-        # l = q − z = clamp(rint(w / s), −z, top − z), exact (z is a whole number); then Σ weighted·l
-        # and Σ importance·l², by halving: the first level, the pairs (j, j + half), computed as
-        # they are made.
-        for t in range(TILE):
-            low[t] = -cand_z[t]
-            high[t] = top - cand_z[t]
+        # Σ weighted·l and Σ importance·l² (l = q − z), by halving: the first level, the pairs
+        # (j, j + half), computed as they are made.
         for j in range(half):
             # Rows as 1-D views: indexing [j, t] in the loop recomputed each address from strides.
             x0, x1, w0, w1 = x[j], x[j + half], weighted[j], weighted[j + half]
             i0, i1, xl, ll = importance[j], importance[j + half], p_xl[j], p_ll[j]
             for t in range(TILE):
-                a = min(max(np.rint(x0[t] * r[t]), low[t]), high[t])
-                c = min(max(np.rint(x1[t] * r[t]), low[t]), high[t])
+                a = min(max(np.rint(x0[t] * r[t] + cand_z[t]), F0), top) - cand_z[t]
+                c = min(max(np.rint(x1[t] * r[t] + cand_z[t]), F0), top) - cand_z[t]
                 xl[t] = w0[t] * a + w1[t] * c
                 ll[t] = i0[t] * a * a + i1[t] * c * c
         _tile_halving_sum(p_xl, half)

@@ -189,11 +189,11 @@ def _search(blocks: np.ndarray, scale0: np.ndarray, zp0: np.ndarray, top: np.flo
                 z = np.clip(np.rint(np.where(s != 0, -lo / s, 0)), 0, top).astype(np.float32)
         with np.errstate(divide="ignore"):
             r = np.where(s != 0, np.float32(1) / s, np.float32(0)).astype(np.float32)
-        # q − z = clamp(rint(w / s), −z, top − z): exact, as z is a whole number.
         np.multiply(blocks, r[:, :, None], out=x)
+        x += z[:, :, None]
         np.rint(x, out=x)
-        np.maximum(x, -z[:, :, None], out=x)
-        np.minimum(x, (top - z)[:, :, None], out=x)
+        np.clip(x, 0, top, out=x)
+        x -= z[:, :, None]  # q − z
         sum_xl = _block_sum(weighted * x)
         np.multiply(importance, x, out=scratch)
         scratch *= x
