@@ -115,7 +115,7 @@ def _quantize_rows_compiled(kernel, chunk, data: np.ndarray, bits: int, block_si
     n = chunk.shape[0]
     scales = np.empty((n, data.shape[1]), np.float32)
     zps = np.empty((n, data.shape[1]), np.uint8)
-    kernel.quantize_blocks(_kernel_source(chunk), block_size, bits, symmetric, kernel.SCALE_KINDS[scale_dtype.name],
+    kernel.quantize_blocks(*_kernel_source(kernel, chunk), block_size, bits, symmetric, kernel.SCALE_KINDS[scale_dtype.name],
                            _SEARCH_FACTORS_F32 if method == "search" else _NO_FACTORS, scales, zps,
                            data.reshape(n, -1))
     return scales.astype(scale_dtype), zps
@@ -124,12 +124,18 @@ def _quantize_rows_compiled(kernel, chunk, data: np.ndarray, bits: int, block_si
 _NO_FACTORS = np.empty(0, np.float32)
 
 
-def _kernel_source(chunk) -> np.ndarray:
-    """A chunk of rows as the kernel reads it: bfloat16 as its uint16 bits (the kernel widens them,
-    exactly), float32 as it is, anything else cast by numpy; C-contiguous."""
-    if isinstance(chunk, np.ndarray) and chunk.dtype.name == "bfloat16" and chunk.dtype.itemsize == 2:
-        return np.ascontiguousarray(chunk).view(np.uint16)
-    return np.ascontiguousarray(chunk, dtype=np.float32)
+def _kernel_source(kernel, chunk) -> tuple[np.ndarray, int]:
+    """A chunk of rows as the kernel reads it, C-contiguous, and its source kind: bfloat16 and
+    float16 as their uint16 bits (the kernel widens them, exactly), float32 as it is, anything
+    else cast by numpy. A pending chunk (materialize.PendingConcat: rows across fused parts) is
+    joined in its own dtype first, not widened by numpy."""
+    chunk = np.asarray(chunk)
+    if chunk.dtype.itemsize == 2:
+        if chunk.dtype.name == "bfloat16":
+            return np.ascontiguousarray(chunk).view(np.uint16), kernel.SOURCE_BFLOAT16
+        if chunk.dtype == np.float16:
+            return np.ascontiguousarray(chunk).view(np.uint16), kernel.SOURCE_FLOAT16
+    return np.ascontiguousarray(chunk, dtype=np.float32), kernel.SOURCE_FLOAT32
 
 
 def _codes(blocks: np.ndarray, stored: np.ndarray, zp: np.ndarray, top: np.float32) -> np.ndarray:

@@ -77,19 +77,22 @@ def test_kernel_releases_the_gil():
         assert fn.targetoptions["nogil"], fn
 
 
-def test_kernel_widens_every_bf16_as_ml_dtypes_does(monkeypatch):
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_kernel_widens_every_16_bit_value_as_numpy_does(monkeypatch, dtype):
     import ml_dtypes
 
-    # Every finite bfloat16 of magnitude 2^-100 and up, and ±0, alone in its block: the symmetric
-    # scale is −value / 8, exact, so the scales show each widened value.
-    values = np.arange(1 << 16, dtype=np.uint16).view(ml_dtypes.bfloat16)
+    # Every finite value of magnitude 2^-100 and up (all of float16's, subnormals included), and
+    # ±0, alone in its block: the symmetric scale is −value / 8, exact, so the scales show each
+    # value as the kernel widened it.
+    values = np.arange(1 << 16, dtype=np.uint16).view(np.float16 if dtype == "float16" else ml_dtypes.bfloat16)
     wide = np.abs(values.astype(np.float32))
     values = values[np.isfinite(wide) & ((wide >= 2.0 ** -100) | (wide == 0))]
-    w = np.zeros((values.size, 32), ml_dtypes.bfloat16)
+    w = np.zeros((values.size, 32), values.dtype)
     w[:, 5] = values
     kernel, numpy = both(monkeypatch, w, 4, 32, True, np.float32, "rtn")
     np.testing.assert_array_equal(kernel.scales.view(np.uint32), numpy.scales.view(np.uint32))
     np.testing.assert_array_equal(kernel.data, numpy.data)
+    assert np.unique(kernel.scales).size > values.size // 2 - 2  # the values' own scales, not a constant
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -116,3 +119,29 @@ def test_kernel_rounds_scales_as_numpy_casts(dtype):
     # NaNs: quiet, with the value's sign (payloads are the casts' own business, and never reach a scale
     # from arithmetic other than as the default quiet NaN, which both keep).
     np.testing.assert_array_equal(np.signbit(got[nan]), np.signbit(values[nan]))
+
+
+def test_kernel_reads_pending_concatenations_in_their_own_dtype(monkeypatch):
+    import ml_dtypes
+
+    from builder.materialize import PendingConcat
+
+    # A fused projection's parts, chunks of 7 rows straddling the parts' boundaries: the kernel
+    # gets the joined bfloat16 rows (not numpy's float32 cast) and gives the numpy path's bytes.
+    rng = np.random.default_rng(5)
+    parts = [rng.standard_normal((n, 96)).astype(ml_dtypes.bfloat16) for n in (10, 4, 9)]
+    monkeypatch.setattr(quantize_module, "ROW_CHUNK_ELEMENTS", 96 * 7)
+    sources = []
+    monkeypatch.setattr(quantize_module, "_kernel_source", _recording(quantize_module._kernel_source, sources))
+    kernel, numpy = both(monkeypatch, PendingConcat(parts, 0), 4, 32, False, np.float32, "search")
+    for a, b in zip((kernel.data, kernel.scales, kernel.zero_points), (numpy.data, numpy.scales, numpy.zero_points)):
+        np.testing.assert_array_equal(a, b)
+    assert [kind for _, kind in sources] == [quantize_module._kernel().SOURCE_BFLOAT16] * 4
+
+
+def _recording(fn, calls):
+    def recorded(*args):
+        out = fn(*args)
+        calls.append(out)
+        return out
+    return recorded
