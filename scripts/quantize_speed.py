@@ -1,6 +1,7 @@
-"""CPU seconds of builder.quantize on one bf16 matrix: the numpy path against the compiled kernel.
+"""CPU seconds of builder.quantize on one 16-bit matrix: the numpy path against the compiled kernel.
 
     python scripts/quantize_speed.py --shape 8192 2048 --runs 3
+    python scripts/quantize_speed.py --dtype float16 --asymmetric --methods search
 
 Prints the median CPU time (user + sys, one thread) of each method and path, and checks that the two
 paths give the same bytes. The kernel's first call (compilation, or loading numba's cache) is timed
@@ -31,8 +32,11 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--methods", nargs="+", default=["rtn", "search"])
     ap.add_argument("--asymmetric", action="store_true")
+    ap.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16",
+                    help="the matrix's dtype, as a checkpoint stores it")
     args = ap.parse_args()
-    w = (np.random.default_rng(0).standard_normal(args.shape) * 0.02).astype(ml_dtypes.bfloat16)
+    dtype = ml_dtypes.bfloat16 if args.dtype == "bfloat16" else np.dtype(args.dtype)
+    w = (np.random.default_rng(0).standard_normal(args.shape) * 0.02).astype(dtype)
     sym = not args.asymmetric
     q.KERNEL_MIN_ELEMENTS = 0  # the first call below is small
     if q._kernel() is None:
@@ -53,7 +57,7 @@ def main() -> None:
             (outs[False].data, outs[False].scales, outs[False].zero_points)) if a is not None)
         numpy_s, kernel_s = statistics.median(times[False]), statistics.median(times[True])
         print(f"{method:6s} {'sym' if sym else 'asym'}: numpy {numpy_s:.2f} s, kernel {kernel_s:.2f} s CPU "
-              f"({numpy_s / kernel_s:.1f}x); bytes identical: {same}")
+              f"({numpy_s / kernel_s:.1f}x, {kernel_s / w.size * 1e9:.2f} ns a weight); bytes identical: {same}")
 
 
 if __name__ == "__main__":
