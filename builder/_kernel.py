@@ -1,7 +1,7 @@
 """The quantizer's compiled kernel (numba), imported only when numba is installed.
 
 One pass over a chunk of rows does all of a block's work while the block is in registers and L1:
-read it (bfloat16 widened by a shift on the way), its round-to-nearest scale and zero point, the
+read it (bfloat16 or float16 widened exactly on the way), its round-to-nearest scale and zero point, the
 scale search, the scale's rounding to the stored dtype, the codes and their packing. Per block it
 does exactly the float32 arithmetic that builder/quantize.py's numpy path does, in the same order,
 so both give the same bytes (tests/test_quantize_kernel.py). It releases the GIL, so the writer's

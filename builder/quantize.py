@@ -115,9 +115,10 @@ def _quantize_rows_compiled(kernel, chunk, data: np.ndarray, bits: int, block_si
     n = chunk.shape[0]
     scales = np.empty((n, data.shape[1]), np.float32)
     zps = np.empty((n, data.shape[1]), np.uint8)
-    kernel.quantize_blocks(*_kernel_source(kernel, chunk), block_size, bits, symmetric, kernel.SCALE_KINDS[scale_dtype.name],
-                           _SEARCH_FACTORS_F32 if method == "search" else _NO_FACTORS, scales, zps,
-                           data.reshape(n, -1))
+    source, kind = _kernel_source(kernel, chunk)
+    factors = _SEARCH_FACTORS_F32 if method == "search" else _NO_FACTORS
+    kernel.quantize_blocks(source, kind, block_size, bits, symmetric, kernel.SCALE_KINDS[scale_dtype.name], factors,
+                           scales, zps, data.reshape(n, -1))
     return scales.astype(scale_dtype), zps
 
 
