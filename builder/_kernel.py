@@ -96,14 +96,17 @@ def quantize_blocks(src, source_kind, block_size, bits, symmetric, scale_kind, f
             for j in range(block_size):
                 x[j, t] = F0
         # Round-to-nearest: min and max (the padding's zeros last, as they sit), then the scale and
-        # zero point with selects.
+        # zero point with selects. A NaN anywhere in the block makes both NaN, as numpy's
+        # minimum/maximum do (numba's min/max, Python's rule, dropped a NaN after the first element).
         for t in range(TILE):
             lo[t] = x[0, t]
             hi[t] = x[0, t]
         for j in range(1, block_size):
+            xj = x[j]
             for t in range(TILE):
-                lo[t] = min(lo[t], x[j, t])
-                hi[t] = max(hi[t], x[j, t])
+                v = xj[t]
+                lo[t] = v if v < lo[t] or v != v else lo[t]
+                hi[t] = v if v > hi[t] or v != v else hi[t]
         if symmetric:
             for t in range(TILE):
                 m = hi[t] if abs(hi[t]) > abs(lo[t]) else lo[t]

@@ -145,3 +145,20 @@ def _recording(fn, calls):
         calls.append(out)
         return out
     return recorded
+
+
+@pytest.mark.parametrize("method", ["rtn", "search"])
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+def test_kernel_passes_a_nan_on_as_numpy_does(monkeypatch, method, symmetric):
+    # A NaN weight anywhere in a block (first, middle, last, in the padded last block) makes the
+    # block's scale NaN on both paths: a broken checkpoint gives NaN outputs, not finite codes that
+    # the numpy path would not have written.
+    w = np.random.default_rng(6).standard_normal((6, 80)).astype(np.float32)
+    for row, col in enumerate((0, 5, 31, 40, 77, 79)):
+        w[row, col] = np.nan
+    with np.errstate(invalid="ignore"):  # the numpy path's NaN arithmetic
+        kernel, numpy = both(monkeypatch, w, 4, 32, symmetric, np.float32, method)
+    assert np.isnan(numpy.scales).sum() == 6
+    for a, b in zip((kernel.data, kernel.scales, kernel.zero_points), (numpy.data, numpy.scales, numpy.zero_points)):
+        if b is not None:
+            np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
