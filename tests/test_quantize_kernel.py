@@ -162,3 +162,19 @@ def test_kernel_passes_a_nan_on_as_numpy_does(monkeypatch, method, symmetric):
     for a, b in zip((kernel.data, kernel.scales, kernel.zero_points), (numpy.data, numpy.scales, numpy.zero_points)):
         if b is not None:
             np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+def test_a_build_without_numba_says_so_once(monkeypatch, caplog):
+    import sys
+
+    import builder
+
+    monkeypatch.setattr(quantize_module, "_KERNEL", [])
+    monkeypatch.delattr(builder, "_kernel", raising=False)
+    monkeypatch.setitem(sys.modules, "builder._kernel", None)  # `from builder import _kernel` raises ImportError
+    w = np.random.default_rng(7).standard_normal((1024, 1024)).astype(np.float32)  # 2^20 elements: the kernel's size
+    with caplog.at_level("WARNING", logger="builder"):
+        quantize(w, 4, 32, False, np.float32, "rtn")
+        quantize(w, 4, 32, True, np.float32, "rtn")
+    warnings = [r.getMessage() for r in caplog.records if "compiled quantizer is unavailable" in r.getMessage()]
+    assert len(warnings) == 1 and "pip install numba" in warnings[0]
