@@ -36,9 +36,11 @@ ROW_CHUNK_ELEMENTS = 1 << 20
 # The compiled kernels (builder/_kernel.py) when numba is installed; tests switch this off to run
 # the numpy path, which gives the same bytes.
 USE_KERNEL = True
-# Smaller matrices stay on numpy (same bytes): a small model's build then never pays numba's ~0.5 s
-# import and cache load.
-KERNEL_MIN_ELEMENTS = 1 << 20
+# Smaller matrices stay on numpy (same bytes): a toy model's build (hidden sizes up to ~128) then
+# never pays numba's ~0.5 s import and cache load. Anything larger pays it back at once: numpy's
+# search costs ~70 ns a weight against the kernel's 2.5, so SmolLM2-135M's int4 build (matrices of
+# 0.3-0.9 M elements, below the earlier 2^20) takes 1.0 s instead of 5-8 s (docs/BENCHMARKS.md).
+KERNEL_MIN_ELEMENTS = 1 << 16
 _KERNEL: list = []
 
 

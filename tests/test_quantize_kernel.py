@@ -172,9 +172,24 @@ def test_a_build_without_numba_says_so_once(monkeypatch, caplog):
     monkeypatch.setattr(quantize_module, "_KERNEL", [])
     monkeypatch.delattr(builder, "_kernel", raising=False)
     monkeypatch.setitem(sys.modules, "builder._kernel", None)  # `from builder import _kernel` raises ImportError
-    w = np.random.default_rng(7).standard_normal((1024, 1024)).astype(np.float32)  # 2^20 elements: the kernel's size
+    w = np.random.default_rng(7).standard_normal((1024, 1024)).astype(np.float32)  # a size the kernel takes
     with caplog.at_level("WARNING", logger="builder"):
         quantize(w, 4, 32, False, np.float32, "rtn")
         quantize(w, 4, 32, True, np.float32, "rtn")
     warnings = [r.getMessage() for r in caplog.records if "compiled quantizer is unavailable" in r.getMessage()]
     assert len(warnings) == 1 and "pip install numba" in warnings[0]
+
+
+def test_a_small_real_models_matrices_take_the_kernel(monkeypatch):
+    # SmolLM2-135M's MLP matrix (576 x 1536, 0.9 M elements) and a small MoE's experts took the numpy
+    # path under the earlier 2^20 threshold, at ~70 ns a weight for the search; a toy's stay there.
+    kernel = quantize_module._kernel()
+    calls = []
+    monkeypatch.setattr(kernel, "quantize_blocks", _recording(kernel.quantize_blocks, calls))
+    rng = np.random.default_rng(8)
+    quantize(rng.standard_normal((1536, 576)).astype(np.float32), 4, 32, False, np.float32, "search")
+    assert calls
+    calls.clear()
+    quantize(rng.standard_normal((128, 64)).astype(np.float32), 4, 32, False, np.float32, "search")
+    assert not calls
+
