@@ -67,7 +67,7 @@ def quantize_blocks(src, source_kind, block_size, bits, symmetric, scale_kind, f
     codes = np.empty((block_size, TILE), np.uint8)
     packed = np.empty((words, TILE), np.uint32)
     scratch = _search_scratch(block_size)
-    sizes = np.empty(TILE, np.int64)
+    sizes = np.empty(TILE, np.int64)  # the padded path's block lengths (the last block of a row is short)
     lo = np.empty(TILE, np.float32)
     hi = np.empty(TILE, np.float32)
     s = np.empty(TILE, np.float32)
@@ -79,8 +79,6 @@ def quantize_blocks(src, source_kind, block_size, bits, symmetric, scale_kind, f
         if dense:
             run = flat[first * block_size:(first + count) * block_size]
             _load_run(run, count, block_size, source_kind, x, x16)
-            for t in range(count):
-                sizes[t] = block_size
         else:
             for t in range(count):
                 i, c = (first + t) // k_blocks, (first + t) % k_blocks
@@ -92,7 +90,6 @@ def quantize_blocks(src, source_kind, block_size, bits, symmetric, scale_kind, f
                 for j in range(v.size, block_size):
                     x[j, t] = F0
         for t in range(count, TILE):
-            sizes[t] = 0
             for j in range(block_size):
                 x[j, t] = F0
         # Round-to-nearest: min and max (the padding's zeros last, as they sit), then the scale and

@@ -112,19 +112,19 @@ def test_config_defaults_are_transformers(saved):
 
 def test_bf16_checkpoint_keeps_its_matrices_bf16_under_float32(saved, tmp_path):
     # A bf16 tower built for float32 activations beside a quantized decoder (package.vision_target:
-    # the CPU int4 package's vision model) stores its matrices as bf16, half the bytes, widened by Casts that ONNX Runtime folds when it loads: the
-    # optimized graph multiplies float32 constants, and the features are transformers' float32 ones
-    # on the same bf16 values.
+    # the CPU int4 package's vision model) stores its matrices as bf16, half the bytes, widened by
+    # Casts that ONNX Runtime folds when it loads: the optimized graph multiplies float32 constants,
+    # and the features are transformers' float32 ones on the same bf16 values.
     import onnx
     from safetensors.torch import load_file as load_torch, save_file as save_torch
+
+    from builder.package import vision_target
 
     source = tmp_path / "src"
     source.mkdir()
     (source / "config.json").write_text((saved / "config.json").read_text())
     tensors = {k: v.to(torch.bfloat16) for k, v in load_torch(saved / "model.safetensors").items()}
     save_torch(tensors, source / "model.safetensors", metadata={"format": "pt"})
-    from builder.package import vision_target
-
     f32 = np.dtype(np.float32)
     assert vision_target(Target(io_dtype=f32, quantization=Quantization(bits=4))).narrow_float_matrices
     assert not vision_target(Target(io_dtype=f32)).narrow_float_matrices  # an fp32 build's tower: float32
