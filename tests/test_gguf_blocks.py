@@ -74,3 +74,24 @@ def test_decoded_codes_are_not_copied_again_but_mapped_bytes_are(tmp_path):
         kept = _owned(viewed, np.uint8)
         assert not np.shares_memory(kept, viewed)
         del viewed
+
+
+@pytest.mark.parametrize("kind", LAYOUT)
+def test_blocks_decoded_a_range_at_a_time_give_back_each_range(kind, monkeypatch):
+    """A tensor is decoded CHUNK_BYTES of the file at a time, each range's mapped pages released
+    once decoded (the real gemma-3-270m Q4_K_M build: peak RSS 0.51 -> 0.36 GiB), with the same arrays
+    as decoding it whole; here ranges of 5 rows of 13, the last one short."""
+    import builder.inputs.gguf.blocks as blocks_module
+
+    raw = stored(kind, shape=(13, 512))
+    whole = gguf_blocks(kind, (13, 512), lambda stack: raw).compute(contextlib.ExitStack())
+    released = []
+    monkeypatch.setattr(blocks_module, "CHUNK_BYTES", raw[:5].nbytes)
+    monkeypatch.setattr(blocks_module, "release", lambda view: released.append(view.shape[0]))
+    chunked = gguf_blocks(kind, (13, 512), lambda stack: raw).compute(contextlib.ExitStack())
+    assert released == [5, 5, 3]
+    for want, got in zip(whole, chunked):
+        assert (want is None) == (got is None)
+        if want is not None:
+            assert got.dtype == want.dtype and got.shape == want.shape and got.flags.c_contiguous
+            np.testing.assert_array_equal(got, want)

@@ -15,6 +15,7 @@ import json
 import logging
 import math
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from builder.errors import BuildError
@@ -177,6 +178,35 @@ def _tokenizer_json(added: dict[int, dict[str, Any]], normalizer: Any, pre: Any,
     }
 
 
+def json_pieces(value: Any, chunk: int = 8192) -> Iterator[str]:
+    """`json.dumps(value, ensure_ascii=False)` in pieces: a dict or list longer than `chunk` is
+    encoded `chunk` items at a time, a shorter one item by item. A 262,144-piece vocabulary's
+    tokenizer.json is 16 MB of UTF-8 but a 52 MB string encoded whole (Python stores it four bytes
+    a character, Gemma's vocabulary having characters beyond the BMP)."""
+    if isinstance(value, dict) and value and all(isinstance(key, str) for key in value):
+        items = list(value.items())
+        opened, closed = "{", "}"
+    elif isinstance(value, list) and value:
+        items, opened, closed = value, "[", "]"
+    else:  # a scalar, an empty container, or a dict with keys json converts itself
+        yield json.dumps(value, ensure_ascii=False)
+        return
+    yield opened
+    if len(items) > chunk:
+        for start in range(0, len(items), chunk):
+            part = items[start:start + chunk]
+            yield (", " if start else "") + json.dumps(dict(part) if opened == "{" else part, ensure_ascii=False)[1:-1]
+    else:
+        for i, item in enumerate(items):
+            if i:
+                yield ", "
+            if opened == "{":
+                yield json.dumps(item[0], ensure_ascii=False) + ": "
+                item = item[1]
+            yield from json_pieces(item, chunk)
+    yield closed
+
+
 def write_tokenizer(meta: dict[str, Any], folder: Path) -> list[str]:
     """Writes tokenizer.json and tokenizer_config.json into `folder`; returns their names (none
     for a vocabulary type not written, with a warning)."""
@@ -193,6 +223,7 @@ def write_tokenizer(meta: dict[str, Any], folder: Path) -> list[str]:
     config = {**config, "model_max_length": 10**30, "clean_up_tokenization_spaces": False}
     if meta.get("tokenizer.chat_template"):
         config["chat_template"] = meta["tokenizer.chat_template"]
-    (folder / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
+    with open(folder / "tokenizer.json", "w", encoding="utf-8") as file:
+        file.writelines(json_pieces(tokenizer))
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
     return ["tokenizer.json", "tokenizer_config.json"]
