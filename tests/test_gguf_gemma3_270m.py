@@ -18,6 +18,7 @@ import pytest
 import torch
 import transformers
 from helpers import OnnxDecoder, build, relative_error
+from test_sliding_windows import genai_generate
 
 GGUF = os.environ.get("BUILDER_GEMMA3_270M_GGUF")
 pytestmark = pytest.mark.skipif(not GGUF, reason="set BUILDER_GEMMA3_270M_GGUF to gemma-3-270m-q4_k_m.gguf")
@@ -41,10 +42,12 @@ def reference():
     model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     with torch.no_grad():
         out = model.eval()(torch.tensor([ids]), output_hidden_states=True)
-        prompt = ids[: WINDOW + 88]  # 600 tokens: generation begins past the window
-        generated = model.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False)[0].tolist()
+        # 600 tokens (generation begins past the window) and 300 from elsewhere in the text
+        prompts = [ids[: WINDOW + 88], ids[400:700]]
+        generated = [model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False)[0].tolist()[len(p):]
+                     for p in prompts]
     residual = max(float(h.abs().max()) for h in out.hidden_states)
-    return ids, out.logits[0].numpy(), residual, prompt, generated[len(prompt):]
+    return ids, out.logits[0].numpy(), residual, prompts, generated
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +84,7 @@ def test_gemma3_270m_generates_past_the_window(reference, builds):
     """onnxruntime-genai's greedy continuation of a 600-token prompt equals transformers'."""
     import onnxruntime_genai as og
 
-    _, _, _, prompt, expected = reference
+    _, _, _, (prompt, _), (expected, _) = reference
     model = og.Model(str(builds("fp32")))
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=len(prompt) + NEW_TOKENS, do_sample=False)
@@ -90,3 +93,10 @@ def test_gemma3_270m_generates_past_the_window(reference, builds):
     while not generator.is_done():
         generator.generate_next_token()
     assert list(generator.get_sequence(0))[len(prompt):] == expected
+
+
+def test_gemma3_270m_batch_of_different_lengths(reference, builds):
+    """The 600- and 300-token prompts as one right-padded batch, as users run genai: each row's
+    greedy continuation equals transformers' for that prompt alone."""
+    _, _, _, prompts, expected = reference
+    assert genai_generate(builds("fp32"), prompts, len(prompts[0]) + NEW_TOKENS) == expected
