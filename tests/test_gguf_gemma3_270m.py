@@ -82,17 +82,8 @@ def test_gemma3_270m_logits(reference, builds, precision, max_error, min_top1, m
 
 def test_gemma3_270m_generates_past_the_window(reference, builds):
     """onnxruntime-genai's greedy continuation of a 600-token prompt equals transformers'."""
-    import onnxruntime_genai as og
-
     _, _, _, (prompt, _), (expected, _) = reference
-    model = og.Model(str(builds("fp32")))
-    params = og.GeneratorParams(model)
-    params.set_search_options(max_length=len(prompt) + NEW_TOKENS, do_sample=False)
-    generator = og.Generator(model, params)
-    generator.append_tokens(prompt)
-    while not generator.is_done():
-        generator.generate_next_token()
-    assert list(generator.get_sequence(0))[len(prompt):] == expected
+    assert genai_generate(builds("fp32"), [prompt], len(prompt) + NEW_TOKENS) == [expected]
 
 
 def test_gemma3_270m_batch_of_different_lengths(reference, builds):
