@@ -125,6 +125,21 @@ def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
     return float(np.abs(actual - expected).max() / np.abs(expected).max())
 
 
+def perplexity(logits: np.ndarray, ids: list[int]) -> float:
+    """exp of the mean negative log-likelihood of ids[1:] under a prefill's logits (float64)."""
+    x = logits[:-1].astype(np.float64)
+    x = x - x.max(-1, keepdims=True)
+    logp = x - np.log(np.exp(x).sum(-1, keepdims=True))
+    return float(np.exp(-logp[np.arange(len(ids) - 1), ids[1:]].mean()))
+
+
+def agreement(got: np.ndarray, want: np.ndarray, ids: list[int]) -> tuple[float, float, float]:
+    """A prefill's logits against the reference's: (relative max error, share of equal top-1
+    choices, perplexity ratio)."""
+    top1 = float((got.argmax(-1) == want.argmax(-1)).mean())
+    return relative_error(got, want), top1, perplexity(got, ids) / perplexity(want, ids)
+
+
 def assert_parity(folder: Path, source: Path, tolerance: float, ids: list[int] = PROMPT) -> None:
     """Prefill and one decode step agree with transformers within `tolerance` (relative max error),
     and pick the same next token at every position."""

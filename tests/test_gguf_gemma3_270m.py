@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from helpers import OnnxDecoder, build, relative_error
+from helpers import OnnxDecoder, agreement, build
 from test_sliding_windows import genai_generate
 
 GGUF = os.environ.get("BUILDER_GEMMA3_270M_GGUF")
@@ -26,11 +26,6 @@ TEXT = Path(sysconfig.get_paths()["stdlib"]) / "LICENSE.txt"
 WINDOW = 512
 FP16_MAX = 65504.0
 NEW_TOKENS = 20
-
-
-def perplexity(logits: np.ndarray, ids: list[int]) -> float:
-    logp = torch.log_softmax(torch.from_numpy(logits[:-1]).double(), -1)
-    return float(torch.exp(-logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].mean()))
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +69,7 @@ def test_gemma3_270m_logits(reference, builds, precision, max_error, min_top1, m
     assert residual > FP16_MAX  # else the fp16 case proves nothing about the range
     got, _ = OnnxDecoder(builds(precision)).run(ids, None, len(ids))
     assert np.isfinite(got).all()
-    error, top1 = relative_error(got, want), float((got.argmax(-1) == want.argmax(-1)).mean())
-    ratio = perplexity(got, ids) / perplexity(want, ids)
+    error, top1, ratio = agreement(got, want, ids)
     print(f"{precision}: relative error {error:.2e}, top-1 {top1:.4f}, perplexity ratio {ratio:.5f}")
     assert error < max_error and top1 >= min_top1 and ratio < max_ppl_ratio
 
