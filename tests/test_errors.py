@@ -69,6 +69,21 @@ def test_truncated_and_corrupt_checkpoints(src, tmp_path, capsys):
     assert_refused(capsys, tmp_path, ["-m", src], "corrupt safetensors header")
 
 
+@pytest.mark.parametrize("value,flags,what", [
+    (np.nan, [], "holds NaN"), (-np.inf, [], "holds an infinity"),
+    (1e6, ["-e", "cuda"], "holds values up to 1e+06, past float16 scales' range")], ids=["nan", "inf", "fp16-scales"])
+def test_a_weight_no_finite_scale_holds_is_refused(src, tmp_path, capsys, value, flags, what):
+    """A NaN or an infinity in a checkpoint weight, or a block wider than float16 scales reach, gave
+    the block a scale that is not finite: the int4 build finished and its model computed NaN."""
+    def poison(tensors):
+        tensors["model.layers.1.mlp.down_proj.weight"][3, 40] = value
+
+    edit_tensors(src, poison)
+    assert_refused(capsys, tmp_path, ["-m", src, "-p", "int4", *flags],
+                   f"model.layers.1.mlp.down_proj.weight {what} (row 3, columns 32-63; 1 block in all): "
+                   "a model built from it would compute NaN")
+
+
 def test_pickle_only_checkpoint(src, tmp_path, capsys):
     (src / "model.safetensors").rename(src / "pytorch_model.bin")
     assert_refused(capsys, tmp_path, ["-m", src], "never unpickles")

@@ -25,7 +25,8 @@ from builder.blocks import stored_float
 from builder.graph import Graph
 from builder.lazy import Weight
 from builder.materialize import SharedResult
-from builder.quantize import packed_shapes, quantize
+from builder.errors import BuildError
+from builder.quantize import QuantizedMatrix, packed_shapes, quantize
 from builder.stored_blocks import pack_codes, unpack_codes
 from builder.target import Quantization, Target, source_modules
 
@@ -67,7 +68,7 @@ def quantized_weight(g: Graph, weight: Weight, q: Quantization, scale_dtype: np.
     flat = lookup and q.flat_lookup_zero_points and bits == 4 and not q.symmetric and not q.qdq and k_blocks % 2 == 1
 
     def compute() -> dict[str, np.ndarray]:
-        m = weight.apply(lambda rows: quantize(rows, bits, q.block_size, q.symmetric, scale_dtype, q.method))
+        m = quantized(weight, bits, q, scale_dtype)
         parts = {"data": m.data, "scales": m.scales}
         if m.zero_points is not None:
             parts["zero_points"] = m.zero_points
@@ -133,6 +134,29 @@ def qdq_parts(parts: dict[str, np.ndarray], k: int, bits: int, block_size: int) 
     if "offsets" in parts:
         out["offsets"] = parts["offsets"]  # already [k_blocks, N]
     return out
+
+
+def quantized(weight: Weight, bits: int, q: Quantization, scale_dtype: np.dtype) -> QuantizedMatrix:
+    """`quantize` of a float weight's rows, refusing one whose blocks give a scale that is not finite:
+    a NaN or an infinity in the checkpoint, or a block too wide for float16 scales, which would make
+    the model compute NaN where nothing says why."""
+
+    def run(rows) -> QuantizedMatrix:
+        with np.errstate(invalid="ignore", over="ignore"):  # numpy's warnings on such a block: refused below
+            m = quantize(rows, bits, q.block_size, q.symmetric, scale_dtype, q.method)
+        bad = np.flatnonzero(~np.isfinite(m.scales.reshape(-1)))
+        if bad.size:
+            row, block = divmod(int(bad[0]), m.scales.shape[1])
+            start = block * q.block_size
+            values = np.asarray(rows[row], np.float32)[start:start + q.block_size]
+            what = ("NaN" if np.isnan(values).any() else "an infinity" if np.isinf(values).any() else
+                    f"values up to {np.abs(values).max():.4g}, past {np.dtype(scale_dtype).name} scales' range")
+            where = f"row {row}, columns {start}-{start + len(values) - 1}"
+            raise BuildError(f"{', '.join(weight.sources) or 'a weight'} holds {what} ({where}; {bad.size} "
+                             f"block{'s' if bad.size > 1 else ''} in all): a model built from it would compute NaN")
+        return m
+
+    return weight.apply(run)
 
 
 def _flat_codes(codes: np.ndarray, bits: int) -> np.ndarray:

@@ -32,12 +32,12 @@ import numpy as np
 import onnx_ir as ir
 
 from builder.blocks.float_ops import in_op_dtype, op_dtype, to_dtype
-from builder.blocks.linear import linear, module_name
+from builder.blocks.linear import linear, module_name, quantized
 from builder.errors import BuildError
 from builder.graph import Graph
 from builder.lazy import Weight
 from builder.materialize import StackedResult
-from builder.quantize import packed_shapes, quantize
+from builder.quantize import packed_shapes
 from builder.target import Quantization, Target, source_modules
 
 
@@ -122,7 +122,7 @@ def quantized_experts(g: Graph, parts: Sequence[Sequence[Weight]], q: Quantizati
         data, scales = np.empty(data_shape[1:], np.uint8), np.empty(scales_shape[1:], scale_dtype)
         zps = None if q.symmetric else np.empty(zp_shape[1:], np.uint8)
         for j, part in enumerate(parts):
-            m = part[x].apply(lambda rows: quantize(rows, q.bits, q.block_size, q.symmetric, scale_dtype, q.method))
+            m = quantized(part[x], q.bits, q, scale_dtype)
             data[j::ways] = m.data.reshape(n, -1)[:, :data_shape[2]]
             scales[j::ways] = m.scales
             if zps is not None:
