@@ -349,3 +349,23 @@ def test_rebuilt_layout_is_the_same_file(bases):
     valid file back byte for byte, so a mutation changes only what it says."""
     data = bases["gguf"].read_bytes()
     assert GGUFLayout.parse(data).encode() == data
+
+
+@pytest.mark.parametrize("precision", ["int4", "fp32"])
+def test_a_gguf_block_whose_scale_is_nan_is_refused(bases, tmp_path, precision):
+    """A damaged Q8_0 block (its fp16 scale NaN) was written as a NaN scale (int4: the block kept
+    as stored) or NaN weights (fp32: dequantized): a model computing NaN, built without a word."""
+    from gguf import GGUFReader
+
+    path = tmp_path / "model.gguf"
+    shutil.copyfile(bases["gguf_spm"], path)
+    tensor = next(t for t in GGUFReader(path).tensors if t.name == "blk.0.ffn_down.weight")
+    assert tensor.tensor_type.name == "Q8_0"
+    with open(path, "r+b") as f:
+        f.seek(tensor.data_offset + 34)  # the second block's fp16 scale
+        f.write(struct.pack("<H", 0x7E00))
+    out = tmp_path / "out"
+    rc, stderr, problem = cli(["-m", str(path), "-o", str(out), "-q", "-p", precision])
+    assert problem is None and rc == 2 and len(stderr.splitlines()) == 1, stderr
+    assert "model.layers.0.mlp.down_proj.weight" in stderr and "a model built from it would compute NaN" in stderr
+    assert not out.exists()

@@ -159,6 +159,22 @@ def quantized(weight: Weight, bits: int, q: Quantization, scale_dtype: np.dtype)
     return weight.apply(run)
 
 
+def _refuse_non_finite(weight: Weight, scales: np.ndarray, offsets: np.ndarray | None, scale_dtype: np.dtype) -> None:
+    """A pre-quantized weight's scales and block offsets, as the build stores them, must be finite:
+    a damaged file's NaN, or a scale past float16's range in an fp16-activation build, would make
+    the model compute NaN."""
+    for what, values in (("scale", scales), ("minimum", offsets)):
+        if values is None:
+            continue
+        with np.errstate(over="ignore", invalid="ignore"):
+            bad = np.flatnonzero(~np.isfinite(np.asarray(values).astype(scale_dtype).reshape(-1)))
+        if bad.size:
+            row, block = divmod(int(bad[0]), values.shape[-1])
+            raise BuildError(f"{', '.join(weight.sources) or 'a weight'}: block {block} of row {row} has a {what} of "
+                             f"{float(values.reshape(-1)[bad[0]]):g} as {np.dtype(scale_dtype).name} ({bad.size} in all): "
+                             "a model built from it would compute NaN")
+
+
 def _flat_codes(codes: np.ndarray, bits: int) -> np.ndarray:
     """Codes (any shape) as ONNX stores a tensor of them: row-major, 4-bit ones two a byte."""
     flat = np.ascontiguousarray(codes)
@@ -198,6 +214,7 @@ def _stored_blocks(g: Graph, weight: Weight, scale_dtype: np.dtype, qdq: bool, f
     def compute() -> dict[str, np.ndarray]:
         with contextlib.ExitStack() as stack:
             data, scales, zero_points, offsets = b.compute(stack)
+            _refuse_non_finite(weight, scales, offsets, scale_dtype)
             # Arrays that own their memory: a source may be a view of mapped file pages, closed here.
             parts = {"data": _owned(data, np.uint8), "scales": _owned(scales, scale_dtype)}
             if zero_points is not None:

@@ -81,8 +81,13 @@ def _dequantized(t: GGUFTensor):
         out = np.empty((rows, int(np.prod(t.shape, dtype=np.int64)) // max(rows, 1)), np.float32)
         step = max(1, CHUNK_BYTES // max(1, raw[:1].nbytes))
         for start in range(0, rows, step):
-            out[start:start + step] = dequantize(np.asarray(raw[start:start + step]), qtype)
+            with np.errstate(over="ignore", invalid="ignore"):
+                out[start:start + step] = dequantize(np.asarray(raw[start:start + step]), qtype)
             release(raw[start:start + step])
+        if not np.isfinite(out).all():  # a damaged block's fp16 scale: NaN or infinite
+            bad = np.flatnonzero(~np.isfinite(out.reshape(-1)))
+            raise BuildError(f"{t.raw.path}: tensor {t.raw.name} holds {bad.size} values that are NaN or infinite, "
+                             f"the first at element {int(bad[0])}: a model built from it would compute NaN")
         return out.reshape(t.shape)
 
     return compute
