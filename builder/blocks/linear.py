@@ -22,10 +22,10 @@ import numpy as np
 import onnx_ir as ir
 
 from builder.blocks import stored_float
+from builder.errors import BuildError
 from builder.graph import Graph
 from builder.lazy import Weight
 from builder.materialize import SharedResult
-from builder.errors import BuildError
 from builder.quantize import QuantizedMatrix, packed_shapes, quantize
 from builder.stored_blocks import pack_codes, unpack_codes
 from builder.target import Quantization, Target, source_modules

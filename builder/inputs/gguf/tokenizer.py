@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from builder.errors import BuildError
