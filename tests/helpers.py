@@ -121,6 +121,17 @@ class OnnxDecoder:
         return prefill, step
 
 
+def gguf_reference(path: Path):
+    """transformers' tokenizer and float32 model for a GGUF file, read and dequantized by its own
+    GGUF loader: what the opt-in real-model tests compare builds with."""
+    import torch
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    return tokenizer, model.eval()
+
+
 def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
     return float(np.abs(actual - expected).max() / np.abs(expected).max())
 

@@ -16,8 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import transformers
-from helpers import OnnxDecoder, agreement, build
+from helpers import OnnxDecoder, agreement, build, gguf_reference
 from test_sliding_windows import genai_generate
 
 GGUF = os.environ.get("BUILDER_GEMMA3_270M_GGUF")
@@ -30,13 +29,11 @@ NEW_TOKENS = 20
 
 @pytest.fixture(scope="module")
 def reference():
-    path = Path(GGUF)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    tokenizer, model = gguf_reference(Path(GGUF))
     ids = tokenizer(TEXT.read_text()[:3000]).input_ids
     assert len(ids) > WINDOW + 100
-    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     with torch.no_grad():
-        out = model.eval()(torch.tensor([ids]), output_hidden_states=True)
+        out = model(torch.tensor([ids]), output_hidden_states=True)
         # 600 tokens (generation begins past the window) and 300 from elsewhere in the text
         prompts = [ids[: WINDOW + 88], ids[400:700]]
         generated = [model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False)[0].tolist()[len(p):]

@@ -15,8 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import transformers
-from helpers import OnnxDecoder, agreement, build
+from helpers import OnnxDecoder, agreement, build, gguf_reference
 from test_sliding_windows import genai_generate
 
 GGUF = os.environ.get("BUILDER_QWEN2_5_CODER_GGUF")
@@ -28,14 +27,12 @@ NEW_TOKENS = 40
 
 @pytest.fixture(scope="module")
 def reference():
-    path = Path(GGUF)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    tokenizer, model = gguf_reference(Path(GGUF))
     ids = tokenizer(TEXT.read_text()[:3000]).input_ids
     chat = tokenizer.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True)
     asked = tokenizer(chat, add_special_tokens=False).input_ids
-    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     with torch.no_grad():
-        logits = model.eval()(torch.tensor([ids])).logits[0].numpy()
+        logits = model(torch.tensor([ids])).logits[0].numpy()
         answer = model.generate(torch.tensor([asked]), max_new_tokens=NEW_TOKENS, do_sample=False)[0].tolist()
     return ids, logits, chat, asked, answer[len(asked):]
 

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import transformers
-from helpers import build
+from helpers import build, gguf_reference
 
 GGUF = os.environ.get("BUILDER_SMOLLM2_GGUF")
 pytestmark = pytest.mark.skipif(not GGUF, reason="set BUILDER_SMOLLM2_GGUF to SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -26,12 +25,10 @@ NEW_TOKENS = 20
 
 @pytest.fixture(scope="module")
 def reference():
-    path = Path(GGUF)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    tokenizer, model = gguf_reference(Path(GGUF))
     prompt = tokenizer.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True)
     ids = tokenizer(prompt, add_special_tokens=False).input_ids
-    model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    expected = model.eval().generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)[0].tolist()
+    expected = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False)[0].tolist()
     return prompt, ids, expected[len(ids):], tokenizer
 
 
