@@ -28,6 +28,7 @@ if sys.byteorder != "little":  # the codes are packed into words as little-endia
     raise ImportError("builder._kernel packs codes little-endian; the numpy path serves this machine")
 
 F0, F1, HALF = np.float32(0), np.float32(1), np.float32(0.5)
+TINY = np.float32(np.finfo(np.float32).tiny)  # the least normal float32: 1/s is finite from here up
 
 # The source's dtype, as quantize_blocks takes it (`source_kind`): float16 and bfloat16 arrive as
 # their uint16 bits (numba has no 16-bit floats).
@@ -129,7 +130,7 @@ def quantize_blocks(src, source_kind, block_size, bits, symmetric, scale_kind, f
             _round_scales(s, scale_kind)
         # Codes against the stored scale: clamp(roundf(w · (1 / scale) + zp), 0, top).
         for t in range(TILE):
-            r[t] = F1 / s[t] if s[t] != F0 else F0
+            r[t] = F1 / s[t] if abs(s[t]) >= TINY else F0
         for j in range(block_size):
             xj, cj = x[j], codes[j]
             for t in range(TILE):
@@ -200,7 +201,7 @@ def _search(x, block_size, symmetric, top, factors, lo, s, z, scratch):
     for f in factors:
         for t in range(TILE):
             cand_s[t] = s[t] / f
-            r[t] = F1 / cand_s[t] if cand_s[t] != F0 else F0
+            r[t] = F1 / cand_s[t] if abs(cand_s[t]) >= TINY else F0
         if symmetric:
             for t in range(TILE):
                 cand_z[t] = z[t]

@@ -42,6 +42,7 @@ USE_KERNEL = True
 # 0.3-0.9 M elements, below the earlier 2^20) takes 1.0 s instead of 5-8 s (docs/BENCHMARKS.md).
 KERNEL_MIN_ELEMENTS = 1 << 16
 _KERNEL: list = []
+TINY = np.float32(np.finfo(np.float32).tiny)  # the least normal float32
 
 
 def _kernel():
@@ -146,10 +147,18 @@ def _kernel_source(kernel, chunk) -> tuple[np.ndarray, int]:
     return np.ascontiguousarray(chunk, dtype=np.float32), kernel.SOURCE_FLOAT32
 
 
+def _reciprocal(scales: np.ndarray) -> np.ndarray:
+    """1 / scale, and 0 for a scale of 0 (ONNX Runtime's rule) or below float32's least normal: a
+    subnormal scale's reciprocal overflows to inf, and a zero weight times inf is NaN, whose
+    conversion to an integer code is undefined; such a block's codes are its zero point instead (it
+    dequantizes to 0, against weights under 1e-37)."""
+    with np.errstate(divide="ignore", over="ignore"):
+        return np.where(np.abs(scales) >= TINY, np.float32(1) / scales, np.float32(0)).astype(np.float32)
+
+
 def _codes(blocks: np.ndarray, stored: np.ndarray, zp: np.ndarray, top: np.float32) -> np.ndarray:
     """clamp(roundf(w · (1 / scale) + zp), 0, top) as uint8, with ONNX Runtime's arithmetic."""
-    with np.errstate(divide="ignore"):
-        reciprocal = np.where(stored != 0, np.float32(1) / stored, np.float32(0)).astype(np.float32)
+    reciprocal = _reciprocal(stored)
     x = blocks * reciprocal[:, :, None]  # in place from here on: one float32 chunk of scratch
     x += zp[:, :, None]
     codes = np.rint(x)
@@ -201,8 +210,7 @@ def _search(blocks: np.ndarray, scale0: np.ndarray, zp0: np.ndarray, top: np.flo
         else:
             with np.errstate(divide="ignore", invalid="ignore"):
                 z = np.clip(np.rint(np.where(s != 0, -lo / s, 0)), 0, top).astype(np.float32)
-        with np.errstate(divide="ignore"):
-            r = np.where(s != 0, np.float32(1) / s, np.float32(0)).astype(np.float32)
+        r = _reciprocal(s)
         np.multiply(blocks, r[:, :, None], out=x)
         x += z[:, :, None]
         np.rint(x, out=x)

@@ -193,3 +193,26 @@ def test_a_small_real_models_matrices_take_the_kernel(monkeypatch):
     quantize(rng.standard_normal((128, 64)).astype(np.float32), 4, 32, False, np.float32, "search")
     assert not calls
 
+
+
+@pytest.mark.parametrize("method", ["rtn", "search"])
+@pytest.mark.parametrize("symmetric", [True, False], ids=["sym", "asym"])
+def test_a_subnormal_scale_gives_the_zero_point_on_both_paths(monkeypatch, method, symmetric):
+    # A block of weights under ~1e-37 has a float32 scale below the least normal: its reciprocal
+    # overflowed to inf, a zero weight times inf was NaN, and the NaN's conversion to a code was
+    # undefined (numpy warned "invalid value encountered in cast"). Its codes are now the zero point.
+    w = np.random.default_rng(7).standard_normal((4, 64)).astype(np.float32)
+    w[1, :32] = np.float32(1e-39) * np.arange(-16, 16, dtype=np.float32)  # zeros among them
+    w[2, 32:] = 0
+    w[2, 40] = np.float32(1e-40)
+    with np.errstate(invalid="raise", under="ignore"):  # a NaN cast to a code raises
+        kernel, numpy = both(monkeypatch, w, 4, 32, symmetric, np.float32, method)
+    for a, b in zip((kernel.data, kernel.scales, kernel.zero_points), (numpy.data, numpy.scales, numpy.zero_points)):
+        if b is not None:
+            np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+    for row, block in ((1, 0), (2, 1)):
+        scale = numpy.scales[row, block]
+        assert 0 < abs(scale) < np.finfo(np.float32).tiny
+        codes = np.stack([numpy.data[row, block] & 0x0F, numpy.data[row, block] >> 4], -1).reshape(-1)
+        zero = 8 if symmetric else (numpy.zero_points[row, block // 2] >> (4 * (block % 2))) & 0x0F
+        assert (codes == zero).all()
