@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from builder.inputs.mapping import release
+from builder.inputs.mapping import release, row_ranges
 
 TILE = 128  # 128×128 tiles of a transposed copy stay in the L2 cache of both source and target
 ROW_BLOCK_BYTES = 16 * 2**20  # source bytes converted between two releases of mapped pages
@@ -42,10 +42,8 @@ def copy_into(out: np.ndarray, value: np.ndarray) -> None:
                     np.copyto(out[r : r + TILE, c : c + TILE], value[r : r + TILE, c : c + TILE], casting="unsafe")
             release(value[:, c0 : c0 + step])
     elif value.ndim >= 1 and value.flags.c_contiguous and value.nbytes > ROW_BLOCK_BYTES:
-        step = max(1, ROW_BLOCK_BYTES // max(value[0].nbytes, 1))
-        for r in range(0, len(value), step):
-            np.copyto(out[r : r + step], value[r : r + step], casting="unsafe")
-            release(value[r : r + step])
+        for r, rows in row_ranges(value, ROW_BLOCK_BYTES):
+            np.copyto(out[r : r + len(rows)], rows, casting="unsafe")
     else:
         np.copyto(out, value, casting="unsafe")
 

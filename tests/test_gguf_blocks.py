@@ -82,12 +82,13 @@ def test_blocks_decoded_a_range_at_a_time_give_back_each_range(kind, monkeypatch
     once decoded (the real gemma-3-270m Q4_K_M build: peak RSS 0.51 -> 0.36 GiB), with the same arrays
     as decoding it whole; here ranges of 5 rows of 13, the last one short."""
     import builder.inputs.gguf.blocks as blocks_module
+    import builder.inputs.mapping as mapping
 
     raw = stored(kind, shape=(13, 512))
     whole = gguf_blocks(kind, (13, 512), lambda stack: raw).compute(contextlib.ExitStack())
     released = []
     monkeypatch.setattr(blocks_module, "CHUNK_BYTES", raw[:5].nbytes)
-    monkeypatch.setattr(blocks_module, "release", lambda view: released.append(view.shape[0]))
+    monkeypatch.setattr(mapping, "release", lambda view: released.append(view.shape[0]))
     chunked = gguf_blocks(kind, (13, 512), lambda stack: raw).compute(contextlib.ExitStack())
     assert released == [5, 5, 3]
     for want, got in zip(whole, chunked):
@@ -103,6 +104,7 @@ def test_float_builds_dequantize_a_range_at_a_time(kind, tmp_path, monkeypatch):
     result, each range's pages given back (gemma-3-270m Q4_K_M, -p fp16: peak RSS 1.66 -> 0.89 GB):
     gguf's own values, from a mapped file as a build reads it."""
     import builder.inputs.gguf.checkpoint as checkpoint
+    import builder.inputs.mapping as mapping
     from builder.inputs.mapping import TensorInfo
 
     raw = stored(kind, shape=(13, 512))
@@ -111,7 +113,7 @@ def test_float_builds_dequantize_a_range_at_a_time(kind, tmp_path, monkeypatch):
     tensor = checkpoint.GGUFTensor(TensorInfo("w", np.dtype(np.uint8), raw.shape, path, 0, raw.nbytes), kind, (13, 512))
     released = []
     monkeypatch.setattr(checkpoint, "CHUNK_BYTES", raw[:5].nbytes)
-    monkeypatch.setattr(checkpoint, "release", lambda view: released.append(view.shape[0]))
+    monkeypatch.setattr(mapping, "release", lambda view: released.append(view.shape[0]))
     with contextlib.ExitStack() as stack:
         got = checkpoint._dequantized(tensor)(stack)
     assert released == [5, 5, 3]

@@ -144,16 +144,16 @@ def quantized(weight: Weight, bits: int, q: Quantization, scale_dtype: np.dtype)
     def run(rows) -> QuantizedMatrix:
         with np.errstate(invalid="ignore", over="ignore"):  # numpy's warnings on such a block: refused below
             m = quantize(rows, bits, q.block_size, q.symmetric, scale_dtype, q.method)
-        bad = np.flatnonzero(~np.isfinite(m.scales.reshape(-1)))
-        if bad.size:
-            row, block = divmod(int(bad[0]), m.scales.shape[1])
+        found = _first_non_finite(m.scales)
+        if found:
+            count, row, block = found
             start = block * q.block_size
             values = np.asarray(rows[row], np.float32)[start:start + q.block_size]
             what = ("NaN" if np.isnan(values).any() else "an infinity" if np.isinf(values).any() else
                     f"values up to {np.abs(values).max():.4g}, past {np.dtype(scale_dtype).name} scales' range")
             where = f"row {row}, columns {start}-{start + len(values) - 1}"
-            raise BuildError(f"{', '.join(weight.sources) or 'a weight'} holds {what} ({where}; {bad.size} "
-                             f"block{'s' if bad.size > 1 else ''} in all): a model built from it would compute NaN")
+            raise BuildError(f"{', '.join(weight.sources) or 'a weight'} holds {what} ({where}; {count} "
+                             f"block{'s' if count > 1 else ''} in all): a model built from it would compute NaN")
         return m
 
     return weight.apply(run)
@@ -167,12 +167,21 @@ def _refuse_non_finite(weight: Weight, scales: np.ndarray, offsets: np.ndarray |
         if values is None:
             continue
         with np.errstate(over="ignore", invalid="ignore"):
-            bad = np.flatnonzero(~np.isfinite(np.asarray(values).astype(scale_dtype).reshape(-1)))
-        if bad.size:
-            row, block = divmod(int(bad[0]), values.shape[-1])
+            found = _first_non_finite(np.asarray(values).astype(scale_dtype))
+        if found:
+            count, row, block = found
             raise BuildError(f"{', '.join(weight.sources) or 'a weight'}: block {block} of row {row} has a {what} of "
-                             f"{float(values.reshape(-1)[bad[0]]):g} as {np.dtype(scale_dtype).name} ({bad.size} in all): "
+                             f"{float(values[row, block]):g} as {np.dtype(scale_dtype).name} ({count} in all): "
                              "a model built from it would compute NaN")
+
+
+def _first_non_finite(a: np.ndarray) -> tuple[int, int, int] | None:
+    """(how many, row, column) of the first entry of a 2-D array that is not finite; None if all are."""
+    bad = ~np.isfinite(a)
+    if not bad.any():
+        return None
+    where = np.flatnonzero(bad)
+    return (where.size, *divmod(int(where[0]), a.shape[1]))
 
 
 def _flat_codes(codes: np.ndarray, bits: int) -> np.ndarray:

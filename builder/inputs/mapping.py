@@ -62,6 +62,16 @@ def release(view: np.ndarray) -> None:
         mm.madvise(mmap.MADV_DONTNEED, start, stop - start)
 
 
+def row_ranges(view: np.ndarray, max_bytes: int) -> Iterator[tuple[int, np.ndarray]]:
+    """`view`'s rows in ranges of at most `max_bytes` (at least a row each), as (first row, range);
+    each range's mapped pages are released (`release`) once the consumer moves on to the next."""
+    step = max(1, max_bytes // max(1, view[:1].nbytes))
+    for start in range(0, len(view), step):
+        piece = view[start:start + step]
+        yield start, piece
+        release(piece)
+
+
 @contextlib.contextmanager
 def mapped(info: TensorInfo) -> Iterator[np.ndarray]:
     """A read-only array over the tensor's bytes in the page cache, unmapped on exit.

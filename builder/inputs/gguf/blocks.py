@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from builder.inputs.mapping import release
+from builder.inputs.mapping import row_ranges
 from builder.stored_blocks import BlockArrays, Blocks, pack_codes
 
 QK_K = 256  # a K-quant's super-block
@@ -154,18 +154,16 @@ def gguf_blocks(kind: str, shape: tuple[int, int], read: Callable) -> Blocks:
 
     def compute(stack) -> BlockArrays:
         raw = read(stack)
-        step = max(1, CHUNK_BYTES // max(1, raw[:1].nbytes))
-        if n <= step:
+        if raw.nbytes <= CHUNK_BYTES:
             return decoded(raw)
         whole = None
-        for start in range(0, n, step):
-            piece = decoded(raw[start:start + step])
+        for start, rows in row_ranges(raw, CHUNK_BYTES):
+            piece = decoded(rows)
             if whole is None:
                 whole = BlockArrays(*(None if a is None else np.empty((n, *a.shape[1:]), a.dtype) for a in piece))
             for target, part in zip(whole, piece):
                 if target is not None:
-                    target[start:start + step] = part
-            release(raw[start:start + step])
+                    target[start:start + len(rows)] = part
         return whole
 
     return Blocks(bits, block, compute, kind, zero_points=with_minimum, offsets=with_minimum)

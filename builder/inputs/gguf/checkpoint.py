@@ -23,7 +23,7 @@ from builder.inputs.gguf.header import TensorEntry
 from builder.inputs.gguf.metadata import check_layer_count, check_sizes, check_values, config
 from builder.inputs.gguf.names import FAMILIES, hf_name
 from builder.inputs.gguf.tokenizer import check_tokenizer_metadata, write_tokenizer
-from builder.inputs.mapping import TensorInfo, mapped, release
+from builder.inputs.mapping import TensorInfo, mapped, row_ranges
 from builder.inputs.source import NamedTensors
 from builder.lazy import Weight
 
@@ -77,13 +77,10 @@ def _dequantized(t: GGUFTensor):
 
     def compute(stack) -> np.ndarray:
         raw = _read(t, stack)
-        rows = raw.shape[0]
-        out = np.empty((rows, int(np.prod(t.shape, dtype=np.int64)) // max(rows, 1)), np.float32)
-        step = max(1, CHUNK_BYTES // max(1, raw[:1].nbytes))
-        for start in range(0, rows, step):
+        out = np.empty((len(raw), int(np.prod(t.shape, dtype=np.int64)) // max(len(raw), 1)), np.float32)
+        for start, rows in row_ranges(raw, CHUNK_BYTES):
             with np.errstate(over="ignore", invalid="ignore"):
-                out[start:start + step] = dequantize(np.asarray(raw[start:start + step]), qtype)
-            release(raw[start:start + step])
+                out[start:start + len(rows)] = dequantize(np.asarray(rows), qtype)
         if not np.isfinite(out).all():  # a damaged block's fp16 scale: NaN or infinite
             bad = np.flatnonzero(~np.isfinite(out.reshape(-1)))
             raise BuildError(f"{t.raw.path}: tensor {t.raw.name} holds {bad.size} values that are NaN or infinite, "
