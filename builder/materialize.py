@@ -1,7 +1,8 @@
 """Write time: how a `Weight`'s recipe becomes an array, and how arrays reach the file.
 
 The recipe's steps leave pending values — a cast not yet done (`PendingCast`), parts not yet joined
-(`PendingConcat`), an array already filled (`FilledArray`) — that `materialized` turns into one array
+(`PendingConcat`), rows not yet computed (`ComputedRows`), an array already filled (`FilledArray`) —
+that `materialized` turns into one array
 in a single pass, copying each part straight into its slice of the output, a block of source rows at
 a time and handing mapped pages back as it goes (`copy_into`); `row_blocks` hands a large table over
 one block of rows at a time instead.
@@ -119,6 +120,46 @@ class PendingConcat:
         return pieces[0] if len(pieces) == 1 else PendingConcat(pieces, 0)
 
 
+class ComputedRows:
+    """A 2-D value whose rows are computed on demand, `rows(start, stop)` returning rows [start,
+    stop) as a fresh array (a GGUF tensor dequantized for a float build): `materialized` and
+    `row_blocks` compute `block` rows at a time, so the value is never held whole beside its result
+    (a transposed one is copied a block of source rows at a time into the result's columns); a
+    quantizer's row chunk (`value[a:b]`) computes only its rows."""
+
+    __slots__ = ("rows", "shape", "block", "transposed")
+
+    def __init__(self, rows: Callable[[int, int], np.ndarray], shape: Sequence[int], block: int,
+                 transposed: bool = False):
+        self.rows = rows
+        self.shape = tuple(shape)  # as the value is read (transposed: the source's columns first)
+        self.block = max(1, block)
+        self.transposed = transposed
+
+    def blocks(self) -> Iterator[tuple[int, np.ndarray]]:
+        """(first source row, the computed rows) in blocks, in the source's row order."""
+        count = self.shape[1] if self.transposed else self.shape[0]
+        for start in range(0, count, self.block):
+            yield start, self.rows(start, min(start + self.block, count))
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = np.empty(self.shape, dtype or np.float32)
+        _copy_parts(out, self)
+        return out
+
+    @property
+    def T(self) -> ComputedRows:  # noqa: N802 - mirrors ndarray.T so views stay pending
+        return ComputedRows(self.rows, self.shape[::-1], self.block, not self.transposed)
+
+    def __getitem__(self, index):
+        rows = index[0] if isinstance(index, tuple) and all(i == slice(None) for i in index[1:]) else index
+        if self.transposed or not isinstance(rows, slice) or rows.step not in (None, 1):
+            return np.asarray(self)[index]
+        start, stop, _ = rows.indices(self.shape[0])
+        stop = max(start, stop)
+        return ComputedRows(lambda a, b: self.rows(start + a, start + b), (stop - start, self.shape[1]), self.block)
+
+
 def expanded(value):
     """value[None] for an array, a pending cast or a pending concatenation."""
     if isinstance(value, FilledArray):
@@ -130,6 +171,13 @@ def expanded(value):
 
 def _copy_parts(out: np.ndarray, value) -> None:
     """copy_into, writing a pending concatenation's parts into their slices of `out`."""
+    if isinstance(value, ComputedRows):
+        for start, rows in value.blocks():
+            if value.transposed:
+                copy_into(out[:, start : start + len(rows)], rows.T)
+            else:
+                np.copyto(out[start : start + len(rows)], rows, casting="unsafe")
+        return
     if not isinstance(value, PendingConcat):
         copy_into(out, np.asarray(value) if isinstance(value, PendingCast) else value)
         return
@@ -145,7 +193,7 @@ def resolved(value) -> np.ndarray:
     """Materializes a pending cast or concatenation when a step needs real values."""
     if isinstance(value, PendingCast):
         return np.asarray(value.array).astype(value.dtype)
-    if isinstance(value, PendingConcat):
+    if isinstance(value, (PendingConcat, ComputedRows)):
         return np.asarray(value)
     return value
 
@@ -171,6 +219,10 @@ def row_blocks(value, shape: Sequence[int], dtype: np.dtype) -> Iterator[np.ndar
         yield value.array
         return
     source = value.array if isinstance(value, PendingCast) else value
+    if isinstance(source, ComputedRows) and not source.transposed:
+        for _, rows in source.blocks():
+            yield rows.astype(dtype, copy=False)
+        return
     if not (isinstance(source, np.ndarray) and source.flags.c_contiguous):
         yield materialized(value, shape, dtype)
         return

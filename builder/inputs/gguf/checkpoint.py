@@ -18,14 +18,15 @@ import numpy as np
 
 from builder.errors import BuildError
 from builder.inputs.gguf import header as gguf_header
-from builder.inputs.gguf.blocks import CHUNK_BYTES, LAYOUT, WITH_MINIMUM, gguf_blocks
+from builder.inputs.gguf.blocks import LAYOUT, WITH_MINIMUM, gguf_blocks
 from builder.inputs.gguf.header import TensorEntry
 from builder.inputs.gguf.metadata import check_layer_count, check_sizes, check_values, config
 from builder.inputs.gguf.names import FAMILIES, hf_name
 from builder.inputs.gguf.tokenizer import check_tokenizer_metadata, write_tokenizer
-from builder.inputs.mapping import TensorInfo, mapped, row_ranges
+from builder.inputs.mapping import TensorInfo, mapped, release
 from builder.inputs.source import NamedTensors
 from builder.lazy import Weight
+from builder.materialize import ROW_BLOCK_BYTES, ComputedRows
 
 log = logging.getLogger("builder")
 
@@ -67,25 +68,41 @@ def _read(t: GGUFTensor, stack) -> np.ndarray:
 
 
 def _dequantized(t: GGUFTensor):
-    """The tensor as float32 (a float build's), dequantized CHUNK_BYTES of the file at a time into
-    the result, each range's mapped pages given back: gguf's dequantize of a whole Q8_0 vocabulary
-    held its codes widened and their product besides (gemma-3-270m's fp16 build peaked at 1.66 GB)."""
+    """The tensor as float32 (a float build's): a 2-D one as `ComputedRows`, dequantized about
+    ROW_BLOCK_BYTES of float32 at a time as the writer (or a quantizer's chunk) asks for rows, each
+    range's mapped pages given back, so a float build holds its result and one block, never the
+    whole tensor dequantized beside it (Qwen2.5-1.5B's 934 MB float32 lm_head was held twice)."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
     qtype = GGMLQuantizationType[t.kind]
+    count = int(np.prod(t.shape, dtype=np.int64))
 
-    def compute(stack) -> np.ndarray:
-        raw = _read(t, stack)
-        out = np.empty((len(raw), int(np.prod(t.shape, dtype=np.int64)) // max(len(raw), 1)), np.float32)
-        for start, rows in row_ranges(raw, CHUNK_BYTES):
-            with np.errstate(over="ignore", invalid="ignore"):
-                out[start:start + len(rows)] = dequantize(np.asarray(rows), qtype)
+    def decode(raw: np.ndarray, first: int) -> np.ndarray:
+        """Rows of raw bytes (the first being row `first`) as float32, NaN and inf refused."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = dequantize(np.asarray(raw), qtype)
         if not np.isfinite(out).all():  # a damaged block's fp16 scale: NaN or infinite
             bad = np.flatnonzero(~np.isfinite(out.reshape(-1)))
-            raise BuildError(f"{t.raw.path}: tensor {t.raw.name} holds {bad.size} values that are NaN or infinite, "
-                             f"the first at element {int(bad[0])}: a model built from it would compute NaN")
-        return out.reshape(t.shape)
+            raise BuildError(f"{t.raw.path}: tensor {t.raw.name} holds values that are NaN or infinite, the first "
+                             f"at element {first * out.shape[-1] + int(bad[0])}: a model built from it would "
+                             "compute NaN")
+        return out
+
+    def compute(stack):
+        raw = stack.enter_context(mapped(t.raw))
+        if len(t.shape) != 2:
+            return decode(_read(t, stack), 0).reshape(t.shape)
+
+        def rows(start: int, stop: int) -> np.ndarray:
+            if t.rows is not None:
+                return decode(raw[t.rows[start:stop]], start)
+            piece = raw[start:stop]
+            out = decode(piece, start)
+            release(piece)
+            return out
+
+        return ComputedRows(rows, t.shape, ROW_BLOCK_BYTES // (4 * max(1, count // max(1, t.shape[0]))))
 
     return compute
 
