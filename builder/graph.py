@@ -20,6 +20,7 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.tape import Tape
 
+from builder.finite import finite_check
 from builder.lazy import Weight
 from builder.materialize import write_order
 
@@ -112,7 +113,8 @@ class Graph:
     def weight(self, name: str, weight: Weight) -> ir.Value:
         """Registers a lazy initializer named after the current scope (`model.layers.0.mlp.weight`)."""
         full = self.scoped_name(name)
-        return self.lazy_initializer(full, weight.to_ir(full), weight.sources, len(weight.pieces or ()) or 1)
+        check = finite_check(weight.sources, full, weight.shape) if weight.sources else None
+        return self.lazy_initializer(full, weight.to_ir(full, check), weight.sources, len(weight.pieces or ()) or 1)
 
     def lazy_initializer(self, name: str, tensor: ir.TensorProtocol, sources: tuple[str, ...] = (),
                          members: int = 1) -> ir.Value:

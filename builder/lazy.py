@@ -212,28 +212,52 @@ class Weight:
         with contextlib.ExitStack() as stack:
             return fn(self._compute(stack))
 
-    def to_ir(self, name: str) -> ir.LazyTensor:
+    def to_ir(self, name: str, check: Check | None = None) -> ir.LazyTensor:
         """An `ir.LazyTensor` whose bytes are this recipe, computed when `ir.save` writes it; a
-        stack's bytes are computed and written one member at a time."""
+        stack's bytes are computed and written one member at a time. `check(block, first)` sees
+        every array written before it is written (a block of the tensor along its first axis,
+        starting at index `first`) and may raise to stop the build."""
+        check = check or _unchecked
+
+        def whole() -> ir.Tensor:
+            array = self.numpy()
+            check(array, 0)
+            return ir.Tensor(array, name=name)
+
         if self.pieces is not None:
             pieces = self.pieces
-            return StreamedTensor(lambda: ir.Tensor(self.numpy(), name=name), lambda: (p.numpy() for p in pieces),
-                                  self.dtype, self.shape, name)
+
+            def members() -> Iterator[np.ndarray]:
+                for i, p in enumerate(pieces):
+                    array = p.numpy()
+                    check(array[None], i)
+                    yield array
+
+            return StreamedTensor(whole, members, self.dtype, self.shape, name)
         if self.nbytes > STREAM_BYTES and len(self.shape) >= 1:
-            return StreamedTensor(lambda: ir.Tensor(self.numpy(), name=name), self._row_blocks, self.dtype,
-                                  self.shape, name)
-        return ir.LazyTensor(
-            lambda: ir.Tensor(self.numpy(), name=name),
-            dtype=ir.DataType.from_numpy(self.dtype),
-            shape=ir.Shape(self.shape),
-            name=name,
-        )
+            def blocks() -> Iterator[np.ndarray]:
+                first = 0
+                for block in self._row_blocks():
+                    check(block, first)
+                    first += len(block)
+                    yield block
+
+            return StreamedTensor(whole, blocks, self.dtype, self.shape, name)
+        return ir.LazyTensor(whole, dtype=ir.DataType.from_numpy(self.dtype), shape=ir.Shape(self.shape), name=name)
 
     def _row_blocks(self) -> Iterator[np.ndarray]:
         """The value a block of rows at a time, its source pages handed back as it goes (see
         materialize.row_blocks)."""
         with contextlib.ExitStack() as stack:
             yield from row_blocks(self._compute(stack), self.shape, self.dtype)
+
+
+# A check of the arrays a lazy tensor writes: (a block along the first axis, its first index).
+Check = Callable[[np.ndarray, int], None]
+
+
+def _unchecked(_block: np.ndarray, _first: int) -> None:
+    return None
 
 
 def _is_float(dtype: np.dtype) -> bool:

@@ -206,7 +206,8 @@ def materialized(value, shape: Sequence[int], dtype: np.dtype) -> np.ndarray:
     if isinstance(value, PendingCast):
         value = value.array
     out = np.empty(tuple(shape), dtype)
-    _copy_parts(out, value)  # one pass: layout change and cast together
+    with np.errstate(over="ignore"):  # a value past float16's range: refused where written (builder/finite.py)
+        _copy_parts(out, value)  # one pass: layout change and cast together
     return out
 
 
@@ -221,7 +222,9 @@ def row_blocks(value, shape: Sequence[int], dtype: np.dtype) -> Iterator[np.ndar
     source = value.array if isinstance(value, PendingCast) else value
     if isinstance(source, ComputedRows) and not source.transposed:
         for _, rows in source.blocks():
-            yield rows.astype(dtype, copy=False)
+            with np.errstate(over="ignore"):
+                rows = rows.astype(dtype, copy=False)
+            yield rows
         return
     if not (isinstance(source, np.ndarray) and source.flags.c_contiguous):
         yield materialized(value, shape, dtype)
@@ -232,7 +235,8 @@ def row_blocks(value, shape: Sequence[int], dtype: np.dtype) -> Iterator[np.ndar
     for r in range(0, rows, step):
         block = value[r : r + step]
         out = np.empty((min(step, rows - r), *shape[1:]), dtype)
-        np.copyto(out, block.array if isinstance(block, PendingCast) else block, casting="unsafe")
+        with np.errstate(over="ignore"):
+            np.copyto(out, block.array if isinstance(block, PendingCast) else block, casting="unsafe")
         release(block)
         yield out
 

@@ -161,6 +161,8 @@ def _save_one(model: ir.Model, folder: Path, stem: str, callback, stored: dict[o
                                               shape=earlier.shape, name=v.name, base_dir=folder)
         # Shapes and axes stay inline, where ONNX Runtime's shape inference reads them.
         ir.save(model, folder / f"{stem}.onnx")
+    except Exception as e:
+        raise _build_error(e) or e
     finally:
         for v, tensor in lazy.items():
             v.const_value = tensor
@@ -229,6 +231,14 @@ def write_output(
     except OSError as e:  # a full disk, a vanished mount: the staging folder is already gone
         raise BuildError(f"writing {folder} failed: {e.strerror or e}; nothing was written") from None
     return folder
+
+
+def _build_error(e: BaseException) -> BuildError | None:
+    """The BuildError a lazy tensor raised while onnx_ir serialized it inline (a small weight
+    refused as it is written: onnx_ir wraps it in a SerdeError per level), else None."""
+    while e is not None and not isinstance(e, BuildError):
+        e = e.__cause__ or e.__context__
+    return e
 
 
 def _source_configs(source: Path | None) -> tuple[dict[str, Any], dict[str, Any]]:

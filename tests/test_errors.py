@@ -84,6 +84,24 @@ def test_a_weight_no_finite_scale_holds_is_refused(src, tmp_path, capsys, value,
                    "a model built from it would compute NaN")
 
 
+@pytest.mark.parametrize("tensor,value,flags,what", [
+    ("model.layers.1.mlp.down_proj.weight", np.nan, ["-p", "fp32"], "holds NaN (at [40, 3] of the [128, 64] written"),
+    ("model.layers.1.mlp.down_proj.weight", 1e5, ["-p", "fp16"],  # float32 in the checkpoint, past float16
+     "holds a value past float16's range (±65,504) or an infinity (at [40, 3] of the [128, 64] written"),
+    ("model.norm.weight", -np.inf, ["-p", "int4"], "holds an infinity (at [40] of the [64] written"),
+    ("model.embed_tokens.weight", np.nan, ["-p", "fp16"], "holds NaN (at [3, 40] of the [256, 64] written")],
+    ids=["fp32-nan", "fp16-overflow", "int4-norm-inf", "fp16-table-nan"])
+def test_a_float_weight_that_is_not_finite_is_refused(src, tmp_path, capsys, tensor, value, flags, what):
+    """A float weight written NaN or infinite (in the checkpoint, or a float32 value cast past
+    float16's range for an fp16 build) made a model that computes NaN, built with exit code 0."""
+    def poison(tensors):
+        tensors[tensor][(3, 40) if tensors[tensor].ndim == 2 else 40] = value
+
+    edit_tensors(src, poison)
+    assert_refused(capsys, tmp_path, ["-m", src, *flags], f"{tensor} {what}; 1 in that block of rows): a model built "
+                   "from it would compute NaN")
+
+
 def test_pickle_only_checkpoint(src, tmp_path, capsys):
     (src / "model.safetensors").rename(src / "pytorch_model.bin")
     assert_refused(capsys, tmp_path, ["-m", src], "never unpickles")
