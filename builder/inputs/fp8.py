@@ -13,7 +13,7 @@ integrations/compressed_tensors.py):
   float8 and `<module>.weight_scale` per tensor ([1]), per output channel ([N, 1]) or per block
   ([ceil(N/bn), ceil(K/bk)]): w = fp8 · weight_scale.
 
-The product is computed in float32, one matrix at a time inside the lazy tensor: the same IEEE
+The product is computed in float32, a block of rows at a time inside the lazy tensor: the same IEEE
 product transformers computes, and exact whenever the scale has at most 20 significant bits
 (a bf16 or fp16 scale, a power of two); a float32 scale times a 4-bit e4m3 significand is
 rounded once, to float32. The build's precision then applies: fp16/bf16/fp32 a cast, int4/int8
@@ -37,9 +37,10 @@ from typing import Any
 import numpy as np
 
 from builder.errors import BuildError
-from builder.inputs.mapping import TensorInfo, mapped
+from builder.inputs.mapping import TensorInfo, mapped, release
 from builder.inputs.safetensors import DTYPES, ReadQuantizationSource, SafetensorsCheckpoint, read_headers
 from builder.lazy import Weight
+from builder.materialize import ROW_BLOCK_BYTES, ComputedRows
 
 METHODS = ("fp8", "compressed-tensors")
 FP8_DTYPES = (DTYPES["F8_E4M3"], DTYPES["F8_E5M2"])
@@ -124,19 +125,29 @@ class FP8Linear:
     scale: TensorInfo
     block: tuple[int, int] | None  # None: a per-tensor or per-channel scale
 
-    def float32(self, stack) -> np.ndarray:
-        """fp8 · scale as float32 [N, K] (transformers' _dequantize_fp8_weight)."""
-        n = self.weight.shape[0]
-        w = np.asarray(stack.enter_context(mapped(self.weight))).astype(np.float32)
+    def float32(self, stack) -> ComputedRows:
+        """fp8 · scale as float32 [N, K] (transformers' _dequantize_fp8_weight), computed a block of
+        rows at a time as they are written or quantized: never the whole float32 matrix (4 bytes a
+        weight against the file's 1) beside its result."""
+        n, k = self.weight.shape
+        codes = stack.enter_context(mapped(self.weight))
         s = np.asarray(stack.enter_context(mapped(self.scale)), np.float32)
-        if self.block is None:  # [1] or [] per tensor, [N, 1] per channel
-            w *= s.reshape(()) if s.size == 1 else s.reshape(n, 1)
+
+        def rows(start: int, stop: int) -> np.ndarray:
+            piece = codes[start:stop]
+            w = np.asarray(piece).astype(np.float32)
+            release(piece)
+            if self.block is None:  # [1] or [] per tensor, [N, 1] per channel
+                w *= s.reshape(()) if s.size == 1 else s.reshape(n, 1)[start:stop]
+                return w
+            bn, bk = self.block
+            grid = s[start // bn : -(-stop // bn)]  # the scale rows these rows fall in
+            scales = np.repeat(grid, bn, axis=0)[start - start // bn * bn :][: stop - start]
+            for j in range(scales.shape[1]):  # in place, a block column at a time
+                w[:, j * bk:(j + 1) * bk] *= scales[:, j:j + 1]
             return w
-        bn, bk = self.block
-        rows = np.repeat(s, bn, axis=0)[:n]  # (ceil(N/bn), ceil(K/bk)) -> (N, ceil(K/bk))
-        for j in range(rows.shape[1]):  # in place, a block column at a time: no weight-sized scale tensor
-            w[:, j * bk:(j + 1) * bk] *= rows[:, j:j + 1]
-        return w
+
+        return ComputedRows(rows, (n, k), ROW_BLOCK_BYTES // (4 * max(1, k)))
 
 
 class FP8Checkpoint(SafetensorsCheckpoint):
