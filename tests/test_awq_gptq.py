@@ -286,3 +286,33 @@ def test_bf16_activations_warn_that_the_stored_scales_are_rounded(tmp_path, caps
     assert "round the checkpoint's fp16 quantization scales to bf16" in capsys.readouterr().err
     assert main(["-m", str(path), "-o", str(tmp_path / "fp16"), "-p", "int4", "-e", "cuda"]) == 0
     assert "quantization scales" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("method,bits,v1,act_order", [("awq", 4, True, False), ("gptq", 4, True, True),
+                                                      ("gptq", 8, False, False)], ids=["awq", "gptq-act-order", "gptq8-v2"])
+def test_float_weights_are_computed_a_block_of_rows_at_a_time(tmp_path, monkeypatch, method, bits, v1, act_order):
+    """A float build's (q − z)·s was computed whole, with codes, zero points and scales widened to
+    float32 [N, K] besides the result; now a block of rows at a time as they are written or
+    quantized, ranges not on a word's boundary included, the same float32 values as the format's
+    dequantization."""
+    import builder.inputs.awq_gptq as awq_gptq
+    from builder.lazy import Weight
+    from builder.materialize import ComputedRows
+
+    path, _ = make(tmp_path, method, bits=bits, group=32, v1=v1, act_order=act_order)
+    fmt = awq_gptq.quant_format(json.loads((path / "config.json").read_text()), path)
+    checkpoint = awq_gptq.QuantizedCheckpoint.open_quantized(path, fmt)
+    want = reference_weights(path, method, bits, 32, v1)["model.layers.0.mlp.up_proj"].astype(np.float32)  # [256, 128]
+    monkeypatch.setattr(awq_gptq, "ROW_BLOCK_BYTES", 37 * 128 * 4)  # blocks of 37 rows: not a word's 8
+    weight = checkpoint.weight("model.layers.0.mlp.up_proj.weight")
+    layer = checkpoint.layers["model.layers.0.mlp.up_proj.weight"]
+    computed = []
+
+    def spy(stack):
+        rows = layer.float32(stack)
+        return ComputedRows(lambda a, b: computed.append((a, b)) or rows.rows(a, b), rows.shape, rows.block)
+
+    spied = Weight(weight.shape, np.float32, spy, weight.sources)
+    assert spied.numpy().tobytes() == want.tobytes()
+    assert computed == [(a, min(a + 37, 256)) for a in range(0, 256, 37)]
+    assert spied.slice(0, 3, 250).transpose().numpy().tobytes() == np.ascontiguousarray(want[3:250].T).tobytes()

@@ -45,6 +45,7 @@ from builder.errors import BuildError
 from builder.inputs.mapping import TensorInfo, mapped
 from builder.inputs.safetensors import ReadQuantizationSource, SafetensorsCheckpoint, read_headers
 from builder.lazy import Weight
+from builder.materialize import ROW_BLOCK_BYTES, ComputedRows
 from builder.quantize import BLOCK_SIZES
 from builder.stored_blocks import BlockArrays, Blocks
 
@@ -109,6 +110,17 @@ def _awq_columns(fields: np.ndarray) -> np.ndarray:
     return fields.reshape(rows, n // 8, 8)[:, :, np.argsort(AWQ_ORDER)].reshape(rows, n)
 
 
+def _columns(words: np.ndarray, bits: int, start: int, stop: int, awq: bool) -> np.ndarray:
+    """Columns [start, stop) of int32 words [R, C] packed along their columns (32/bits fields a
+    word; AWQ's order): uint8 [R, stop − start], decoding only the words those columns lie in."""
+    per = 32 // bits
+    first = start // per
+    fields = _fields(words[:, first:-(-stop // per)], bits)
+    if awq:
+        fields = _awq_columns(fields)
+    return fields[:, start - first * per:stop - first * per]
+
+
 @dataclass(frozen=True)
 class QuantizedLinear:
     """The packed tensors of one layer and what they decode to."""
@@ -131,26 +143,41 @@ class QuantizedLinear:
 
     def codes(self, stack, ordered: bool = False) -> np.ndarray:
         """uint8 [N, K]; `ordered`: its columns in input_order (act-order's groups contiguous)."""
-        qweight = stack.enter_context(mapped(self.qweight))
-        if self.fmt.method == "awq":  # [K, N/8] words -> [K, N/8, 8] nibbles -> columns in order
-            return _awq_columns(_fields(qweight, 4)).T
-        fields = _fields(qweight.T, self.fmt.bits)  # [N, K·bits/32] words -> [N, K]: rows in order
+        fields = self._codes(stack.enter_context(mapped(self.qweight)), 0, self.n)
         return fields[:, self.input_order] if ordered and self.input_order is not None else fields
+
+    def _codes(self, qweight: np.ndarray, start: int, stop: int) -> np.ndarray:
+        """uint8 [stop − start, K]: rows [start, stop) of the codes, from the mapped qweight."""
+        if self.fmt.method == "awq":  # [K, N/8] words -> [K, N/8, 8] nibbles -> columns in order
+            return _columns(qweight, 4, start, stop, awq=True).T
+        return _fields(qweight[:, start:stop].T, self.fmt.bits)  # [N, K·bits/32] words -> [N, K]
 
     def zeros(self, stack) -> np.ndarray:
         """The zero points, uint8-or-wider [K/g, N] (v1 GPTQ: masked field + 1)."""
-        qzeros = stack.enter_context(mapped(self.qzeros))
-        if self.fmt.method == "awq":
-            return _awq_columns(_fields(qzeros, 4))
-        return _fields(qzeros, self.fmt.bits).astype(np.int16) + self.fmt.zero_offset
+        return self._zeros(stack.enter_context(mapped(self.qzeros)), 0, self.n)
 
-    def float32(self, stack) -> np.ndarray:
-        """(q − z)·s as float32 [N, K], exact."""
+    def _zeros(self, qzeros: np.ndarray, start: int, stop: int) -> np.ndarray:
+        """Columns [start, stop) of the zero points, from the mapped qzeros."""
+        if self.fmt.method == "awq":
+            return _columns(qzeros, 4, start, stop, awq=True)
+        return _columns(qzeros, self.fmt.bits, start, stop, awq=False).astype(np.int16) + self.fmt.zero_offset
+
+    def float32(self, stack) -> ComputedRows:
+        """(q − z)·s as float32 [N, K], exact, a block of rows (output columns) at a time as the
+        writer or a quantizer asks: the whole matrix computed at once held four float32 copies of
+        it (codes, zero points and scales widened to [N, K], and the result)."""
         group = np.arange(self.k) // self.group if self.row_groups is None else self.row_groups  # [K]
-        q = self.codes(stack).astype(np.float32)
-        z = self.zeros(stack).astype(np.float32)[group].T  # [N, K]
-        s = np.asarray(stack.enter_context(mapped(self.scales)), np.float32)[group].T
-        return (q - z) * s
+        qweight = stack.enter_context(mapped(self.qweight))
+        qzeros = stack.enter_context(mapped(self.qzeros))
+        scales = stack.enter_context(mapped(self.scales))
+
+        def rows(start: int, stop: int) -> np.ndarray:
+            w = self._codes(qweight, start, stop).astype(np.float32)
+            w -= self._zeros(qzeros, start, stop).astype(np.float32)[group].T
+            w *= np.asarray(scales[:, start:stop], np.float32)[group].T
+            return w
+
+        return ComputedRows(rows, (self.n, self.k), ROW_BLOCK_BYTES // (4 * max(1, self.k)))
 
     def blocks(self, bits: int) -> Blocks:
         """The codes as MatMulNBits blocks at `bits` (the format's, or 8 for wide v1 zero points)."""
