@@ -1,8 +1,8 @@
 """Lazy weights: a recipe (shape, dtype, a function) that yields its array only when written.
 
 A `Weight` starts as a source (a checkpoint tensor, a computed table) and grows by cheap, lazy
-steps: `transpose`, `astype`, `map` (an arbitrary numpy function such as Gemma's `1 + w`),
-`slice`, `concat` and `stack`. Nothing runs until `numpy()` is called — which `to_ir` defers to the
+steps: `transpose`, `astype`, `map` (an arbitrary numpy function such as Gemma's `1 + w`), `map_rows`
+(one computed a block of rows at a time, such as a LoRA merge), `slice`, `concat` and `stack`. Nothing runs until `numpy()` is called — which `to_ir` defers to the
 moment `ir.save` writes the tensor. Views (transpose, slices) cost nothing; the final copy into a
 contiguous array of the target dtype does the transpose and the cast in one pass. A stack (a
 mixture of experts' [E, N, K]) is written one member at a time, so its memory is one expert's, not
@@ -20,13 +20,16 @@ import numpy as np
 import onnx_ir as ir
 
 from builder.materialize import (
+    ROW_BLOCK_BYTES,
     STREAM_BYTES,
+    ComputedRows,
     FilledArray,
     PendingCast,
     PendingConcat,
     StreamedTensor,
     expanded,
     materialized,
+    release,
     resolved,
     row_blocks,
 )
@@ -125,6 +128,33 @@ class Weight:
         inner = self._compute
         out_dtype = np.dtype(dtype) if dtype is not None else self.dtype
         return Weight(self.shape, out_dtype, lambda s: fn(resolved(inner(s))), self.sources)
+
+    def map_rows(self, make: Callable[[], Callable[[np.ndarray, int, int], np.ndarray]],
+                 dtype: np.dtype | type | None = None) -> Weight:
+        """Like `map` for a function of a block of rows (a LoRA merge's W[a:b] + (B A)[a:b]):
+        `make()` runs once when the weight is written and returns `fn(rows, start, stop)`, which
+        gets rows [start, stop) of this weight and returns them mapped. The value is computed a
+        block of rows at a time as the writer or a quantizer asks (`materialize.ComputedRows`)."""
+        if len(self.shape) != 2:
+            raise ValueError(f"map_rows expects a 2-D weight, got {self.shape}")
+        inner = self._compute
+        out_dtype = np.dtype(dtype) if dtype is not None else self.dtype
+        block = ROW_BLOCK_BYTES // (4 * max(1, self.shape[1]))  # float32 work a block
+
+        def compute(s) -> ComputedRows:
+            value = inner(s)
+            value = value.array if isinstance(value, FilledArray) else value
+            fn = make()
+
+            def rows(start: int, stop: int) -> np.ndarray:
+                piece = value[start:stop]
+                out = fn(resolved(piece), start, stop)
+                release(piece)
+                return out
+
+            return ComputedRows(rows, self.shape, block, dtype=out_dtype)
+
+        return Weight(self.shape, out_dtype, compute, self.sources)
 
     def slice(self, axis: int, start: int, stop: int) -> Weight:
         """Rows or columns [start, stop) along `axis` (a view until written)."""

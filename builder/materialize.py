@@ -127,14 +127,15 @@ class ComputedRows:
     (a transposed one is copied a block of source rows at a time into the result's columns); a
     quantizer's row chunk (`value[a:b]`) computes only its rows."""
 
-    __slots__ = ("rows", "shape", "block", "transposed")
+    __slots__ = ("rows", "shape", "block", "transposed", "dtype")
 
     def __init__(self, rows: Callable[[int, int], np.ndarray], shape: Sequence[int], block: int,
-                 transposed: bool = False):
+                 transposed: bool = False, dtype: np.dtype | type = np.float32):
         self.rows = rows
         self.shape = tuple(shape)  # as the value is read (transposed: the source's columns first)
         self.block = max(1, block)
         self.transposed = transposed
+        self.dtype = np.dtype(dtype)  # of the computed rows
 
     def blocks(self) -> Iterator[tuple[int, np.ndarray]]:
         """(first source row, the computed rows) in blocks, in the source's row order."""
@@ -143,13 +144,13 @@ class ComputedRows:
             yield start, self.rows(start, min(start + self.block, count))
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        out = np.empty(self.shape, dtype or np.float32)
+        out = np.empty(self.shape, dtype or self.dtype)
         _copy_parts(out, self)
         return out
 
     @property
     def T(self) -> ComputedRows:  # noqa: N802 - mirrors ndarray.T so views stay pending
-        return ComputedRows(self.rows, self.shape[::-1], self.block, not self.transposed)
+        return ComputedRows(self.rows, self.shape[::-1], self.block, not self.transposed, self.dtype)
 
     def __getitem__(self, index):
         rows = index[0] if isinstance(index, tuple) and all(i == slice(None) for i in index[1:]) else index
@@ -157,7 +158,8 @@ class ComputedRows:
             return np.asarray(self)[index]
         start, stop, _ = rows.indices(self.shape[0])
         stop = max(start, stop)
-        return ComputedRows(lambda a, b: self.rows(start + a, start + b), (stop - start, self.shape[1]), self.block)
+        return ComputedRows(lambda a, b: self.rows(start + a, start + b), (stop - start, self.shape[1]), self.block,
+                            dtype=self.dtype)
 
 
 def expanded(value):

@@ -248,16 +248,25 @@ class LoraCheckpoint:
         dtype = w.dtype  # the merged weight's, as in peft's merged model (module docstring)
         work = np.result_type(dtype, np.float32)  # float32, or a float64 base's own
 
-        def merge(base: np.ndarray) -> np.ndarray:
-            delta = b.numpy().astype(np.float32) @ a.numpy().astype(np.float32)  # (N, r) @ (r, K) -> (N, K)
-            delta *= scale
-            if transposed:  # peft's Embedding.merge rounds the delta to the base dtype before adding it
-                delta = delta.astype(dtype).astype(work)
-            out = base.astype(work)
-            out += delta.T if flip else delta
-            return out.astype(dtype, copy=False)  # one rounding of the sum, as peft's in-place add
+        def make_merge():
+            """The factors once per write, then each block of rows merged: W[a:b] + scale·(B A)[a:b]."""
+            bf, af = b.numpy().astype(np.float32), a.numpy().astype(np.float32)  # (N, r), (r, K): rank-sized
 
-        return w.map(merge, dtype)  # a pre-quantized base's blocks are dropped: the merge changes them
+            def merge(base: np.ndarray, start: int, stop: int) -> np.ndarray:
+                # Rows [start, stop) of the delta: B[start:stop] A, or of (B A)ᵀ: (B A[:, start:stop])ᵀ.
+                delta = (bf @ af[:, start:stop]).T if flip else bf[start:stop] @ af
+                delta *= scale
+                if transposed:  # peft's Embedding.merge rounds the delta to the base dtype before adding it
+                    delta = delta.astype(dtype).astype(work)
+                out = base.astype(work)
+                out += delta
+                return out.astype(dtype, copy=False)  # one rounding of the sum, as peft's in-place add
+
+            return merge
+
+        # A block of rows at a time (the whole merge held the delta and the sum as float32 [N, K]);
+        # a pre-quantized base's blocks are dropped: the merge changes them.
+        return w.map_rows(make_merge, dtype)
 
     def same_values(self, a: str, b: str, rows_per_chunk: int = 4096) -> bool:
         changed = set(self.deltas) | set(self.replaced)
