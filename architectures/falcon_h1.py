@@ -131,6 +131,9 @@ def scaled(w: Weight | None, m: float | np.ndarray) -> Weight | None:
     if w is None or np.all(np.asarray(m) == 1):
         return w
     rows = np.asarray(m, np.float32).reshape(-1, *[1] * (len(w.shape) - 1))  # (rows, 1, …) or (1, …)
+    if len(w.shape) == 2:  # a block of rows at a time: an embedding or lm_head never whole in float32
+        return w.map_rows(lambda: lambda a, start, stop: a.astype(np.float32) * (rows if len(rows) == 1 else
+                                                                                 rows[start:stop]), np.float32)
     return w.map(lambda a: a.astype(np.float32) * rows, np.float32)
 
 
