@@ -45,7 +45,8 @@ def finite_check(sources: tuple[str, ...], name: str, shape: tuple[int, ...]):
         flat = block.reshape(-1)
         bad = np.flatnonzero(~np.isfinite(flat.astype(np.float32)))
         index = [int(i) for i in np.unravel_index(int(bad[0]), block.shape)]
-        index[0] += first
+        if index:  # a 0-d weight (Apertus' xIELU beta) has no index
+            index[0] += first
         if np.isnan(np.float32(flat[bad[0]])):
             what = "NaN"
         elif block.dtype == np.float16:

@@ -134,7 +134,9 @@ class Weight:
         """Like `map` for a function of a block of rows (a LoRA merge's W[a:b] + (B A)[a:b]):
         `make()` runs once when the weight is written and returns `fn(rows, start, stop)`, which
         gets rows [start, stop) of this weight and returns them mapped. The value is computed a
-        block of rows at a time as the writer or a quantizer asks (`materialize.ComputedRows`)."""
+        block of rows at a time as the writer or a quantizer asks (`materialize.ComputedRows`).
+        This weight's own rows should be cheap to slice (a checkpoint tensor, computed rows): a
+        transposed input would be computed whole for every block."""
         if len(self.shape) != 2:
             raise ValueError(f"map_rows expects a 2-D weight, got {self.shape}")
         inner = self._compute

@@ -153,8 +153,10 @@ class ComputedRows:
         return ComputedRows(self.rows, self.shape[::-1], self.block, not self.transposed, self.dtype)
 
     def __getitem__(self, index):
-        rows = index[0] if isinstance(index, tuple) and all(i == slice(None) for i in index[1:]) else index
-        if self.transposed or not isinstance(rows, slice) or rows.step not in (None, 1):
+        rest = index[1:] if isinstance(index, tuple) else ()
+        rows = index[0] if isinstance(index, tuple) and index else index
+        whole_rows = all(isinstance(i, slice) and i == slice(None) for i in rest)
+        if self.transposed or not whole_rows or not isinstance(rows, slice) or rows.step not in (None, 1):
             return np.asarray(self)[index]
         start, stop, _ = rows.indices(self.shape[0])
         stop = max(start, stop)
@@ -180,8 +182,14 @@ def _copy_parts(out: np.ndarray, value) -> None:
             else:
                 np.copyto(out[start : start + len(rows)], rows, casting="unsafe")
         return
+    if isinstance(value, PendingCast) and value.dtype == out.dtype:  # cast in the copy into `out`
+        _copy_parts(out, value.array)
+        return
+    if isinstance(value, PendingCast):  # rounded to its own dtype first (a bf16 merge read as float32)
+        copy_into(out, np.asarray(value))
+        return
     if not isinstance(value, PendingConcat):
-        copy_into(out, np.asarray(value) if isinstance(value, PendingCast) else value)
+        copy_into(out, value)
         return
     offset = 0
     for part in value.parts:

@@ -237,7 +237,7 @@ def _build_error(e: BaseException) -> BuildError | None:
     """The BuildError a lazy tensor raised while onnx_ir serialized it inline (a small weight
     refused as it is written: onnx_ir wraps it in a SerdeError per level), else None."""
     while e is not None and not isinstance(e, BuildError):
-        e = e.__cause__ or e.__context__
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
     return e
 
 

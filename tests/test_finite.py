@@ -46,3 +46,10 @@ def test_the_check_sees_each_written_block_with_its_rows(tmp_path, monkeypatch, 
     with pytest.raises(BuildError, match=r"holds (an infinity|a value past float16's range .*) \(at \[1, 0, 0\] of "):
         save([stack.astype(dtype).to_ir("w", lambda b, i: (seen.append((i, len(b))), check(b, i)))], tmp_path / "stack")
     assert seen == [(0, 1), (1, 1)]
+
+
+def test_a_0d_weight_is_refused_in_one_line():
+    """A 0-d weight (Apertus' xIELU beta) that is NaN raised an IndexError while naming its index."""
+    w = Weight((), np.float32, lambda stack: np.array(np.nan, np.float32), ("beta",))
+    with pytest.raises(BuildError, match=r"^beta holds NaN \(at \[\] of the \[\] written"):
+        w.to_ir("beta", finite_check(("beta",), "beta", ())).numpy()

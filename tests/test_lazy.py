@@ -274,3 +274,19 @@ def test_by_products_are_written_after_as_many_bytes_of_other_weights_as_their_m
     assert order.index("lm_head.scales") == order.index("w3.data") + 1  # after 4 × 256 bytes
     assert order.index("w0.scales") == order.index("w1.data") + 1  # equal sizes: after the next one
     assert sorted(order) == sorted(v.name for v in initializers)
+
+
+def test_computed_rows_cast_into_a_concatenation_are_never_whole():
+    """A part whose rows are computed (a dequantized weight) cast to the parts' common dtype was
+    computed whole, then cast in a second copy, before its slice of the output was filled; now each
+    block of rows is cast straight into the output."""
+    from builder.materialize import ComputedRows
+
+    rows = lambda a, b: np.ones((b - a, 1000), np.float16)  # noqa: E731
+    part = Weight((4000, 1000), np.float16, lambda s: ComputedRows(rows, (4000, 1000), 100, dtype=np.float16), ("a",))
+    other = Weight.constant(np.ones((8, 1000), ml_dtypes.bfloat16))
+    joined = Weight.concat([part, other])
+    assert joined.dtype == np.float32
+    peak = traced_peak(joined.numpy)
+    out = 4008 * 1000 * 4
+    assert peak < out + 2**21, f"peak {peak / 2**20:.1f} MB for a {out / 2**20:.1f} MB result"
