@@ -1,9 +1,10 @@
 """Lazy weights: a recipe (shape, dtype, a function) that yields its array only when written.
 
 A `Weight` starts as a source (a checkpoint tensor, a computed table) and grows by cheap, lazy
-steps: `transpose`, `astype`, `map` (an arbitrary numpy function such as Gemma's `1 + w`), `map_rows`
-(one computed a block of rows at a time, such as a LoRA merge), `slice`, `concat` and `stack`. Nothing runs until `numpy()` is called — which `to_ir` defers to the
-moment `ir.save` writes the tensor. Views (transpose, slices) cost nothing; the final copy into a
+steps: `transpose`, `astype`, `map` (an arbitrary numpy function such as Gemma's `1 + w`),
+`map_rows` (one computed a block of rows at a time, such as a LoRA merge), `slice`, `concat` and
+`stack`. Nothing runs until `numpy()` is called — which `to_ir` defers to the moment `ir.save`
+writes the tensor. Views (transpose, slices) cost nothing; the final copy into a
 contiguous array of the target dtype does the transpose and the cast in one pass. A stack (a
 mixture of experts' [E, N, K]) is written one member at a time, so its memory is one expert's, not
 the layer's. How the steps' pending values become arrays and reach the file is

@@ -2,10 +2,9 @@
 
 The recipe's steps leave pending values — a cast not yet done (`PendingCast`), parts not yet joined
 (`PendingConcat`), rows not yet computed (`ComputedRows`), an array already filled (`FilledArray`) —
-that `materialized` turns into one array
-in a single pass, copying each part straight into its slice of the output, a block of source rows at
-a time and handing mapped pages back as it goes (`copy_into`); `row_blocks` hands a large table over
-one block of rows at a time instead.
+that `materialized` turns into one array in a single pass, copying each part straight into its
+slice of the output, a block of source rows at a time and handing mapped pages back as it goes
+(`copy_into`); `row_blocks` hands a large table over one block of rows at a time instead.
 
 `ir.save` writes the lazy tensors from several threads. A `StreamedTensor` gives its bytes piece by
 piece (through onnx_ir's private `_write_tensor_at`, which calls the tensor's `tofile`); a

@@ -162,7 +162,10 @@ def _save_one(model: ir.Model, folder: Path, stem: str, callback, stored: dict[o
         # Shapes and axes stay inline, where ONNX Runtime's shape inference reads them.
         ir.save(model, folder / f"{stem}.onnx")
     except Exception as e:
-        raise _build_error(e) or e
+        found = _build_error(e)
+        if found is None or found is e:
+            raise
+        raise found from None
     finally:
         for v, tensor in lazy.items():
             v.const_value = tensor

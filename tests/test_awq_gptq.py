@@ -288,8 +288,9 @@ def test_bf16_activations_warn_that_the_stored_scales_are_rounded(tmp_path, caps
     assert "quantization scales" not in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("method,bits,v1,act_order", [("awq", 4, True, False), ("gptq", 4, True, True),
-                                                      ("gptq", 8, False, False)], ids=["awq", "gptq-act-order", "gptq8-v2"])
+@pytest.mark.parametrize("method,bits,v1,act_order", [
+    ("awq", 4, True, False), ("gptq", 4, True, True), ("gptq", 8, False, False)],
+    ids=["awq", "gptq-act-order", "gptq8-v2"])
 def test_float_weights_are_computed_a_block_of_rows_at_a_time(tmp_path, monkeypatch, method, bits, v1, act_order):
     """A float build's (q − z)·s was computed whole, with codes, zero points and scales widened to
     float32 [N, K] besides the result; now a block of rows at a time as they are written or

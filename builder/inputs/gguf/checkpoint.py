@@ -85,9 +85,9 @@ def _dequantized(t: GGUFTensor):
             return dequantize(np.asarray(raw), qtype)
 
     def compute(stack):
-        raw = stack.enter_context(mapped(t.raw))
         if len(t.shape) != 2:
             return decode(_read(t, stack)).reshape(t.shape)
+        raw = stack.enter_context(mapped(t.raw))
 
         def rows(start: int, stop: int) -> np.ndarray:
             if t.rows is not None:
