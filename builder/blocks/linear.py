@@ -289,8 +289,12 @@ def linear(
     target: Target,
     bias: Weight | None = None,
     quantized: QuantizedValues | None = None,
+    rows_as_stored: bool = False,
 ) -> ir.Value:
-    """x · Wᵀ (+ b). `quantized` reuses initializers already registered for this weight (tied lm_head)."""
+    """x · Wᵀ (+ b). `quantized` reuses initializers already registered for this weight (tied lm_head).
+    `rows_as_stored`: a float W is stored [out, in] as the checkpoint has it and read by
+    com.microsoft's FusedMatMul with transB where the provider has it, instead of transposed at
+    build time (an untied lm_head: its [in, out] copy was a whole float matrix held in memory)."""
     module, sources = module_name(g), source_modules(weight.sources)
     g.linears[module] = sources if quantized is None else ()  # what --float-layers patterns may name
     if quantized is None and target.quantizes(module, sources):
@@ -298,6 +302,8 @@ def linear(
         quantized = quantized_weight(g, weight, target.quantization, target.io_dtype, bits)
     if quantized is not None:
         y = matmul_nbits(g, x, quantized, target)
+    elif rows_as_stored and target.provider.fused_matmul and not target.standard_ops:
+        y = g.ms.FusedMatMul(x, stored_float.matrix(g, "weight", weight, target), transB=1)  # (B, S, in) · (out, in)ᵀ
     else:
         y = g.op.MatMul(x, stored_float.matrix(g, "weight", weight.transpose(), target))  # [out, in] -> [in, out]
     if bias is not None:
