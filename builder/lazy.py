@@ -21,7 +21,6 @@ import numpy as np
 import onnx_ir as ir
 
 from builder.materialize import (
-    ROW_BLOCK_BYTES,
     STREAM_BYTES,
     ComputedRows,
     FilledArray,
@@ -142,7 +141,6 @@ class Weight:
             raise ValueError(f"map_rows expects a 2-D weight, got {self.shape}")
         inner = self._compute
         out_dtype = np.dtype(dtype) if dtype is not None else self.dtype
-        block = ROW_BLOCK_BYTES // (4 * max(1, self.shape[1]))  # float32 work a block
 
         def compute(s) -> ComputedRows:
             value = inner(s)
@@ -155,7 +153,7 @@ class Weight:
                 release(piece)
                 return out
 
-            return ComputedRows(rows, self.shape, block, dtype=out_dtype)
+            return ComputedRows(rows, self.shape, dtype=out_dtype)
 
         return Weight(self.shape, out_dtype, compute, self.sources)
 

@@ -124,15 +124,16 @@ class ComputedRows:
     stop) as a fresh array (a GGUF tensor dequantized for a float build): `materialized` and
     `row_blocks` compute `block` rows at a time, so the value is never held whole beside its result
     (a transposed one is copied a block of source rows at a time into the result's columns); a
-    quantizer's row chunk (`value[a:b]`) computes only its rows."""
+    quantizer's row chunk (`value[a:b]`) computes only its rows. `block` defaults to the rows of
+    ROW_BLOCK_BYTES of float32 work."""
 
     __slots__ = ("rows", "shape", "block", "transposed", "dtype")
 
-    def __init__(self, rows: Callable[[int, int], np.ndarray], shape: Sequence[int], block: int,
+    def __init__(self, rows: Callable[[int, int], np.ndarray], shape: Sequence[int], block: int | None = None,
                  transposed: bool = False, dtype: np.dtype | type = np.float32):
         self.rows = rows
         self.shape = tuple(shape)  # as the value is read (transposed: the source's columns first)
-        self.block = max(1, block)
+        self.block = max(1, block if block is not None else ROW_BLOCK_BYTES // (4 * max(1, self.shape[1])))
         self.transposed = transposed
         self.dtype = np.dtype(dtype)  # of the computed rows
 

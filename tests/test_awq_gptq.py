@@ -304,7 +304,7 @@ def test_float_weights_are_computed_a_block_of_rows_at_a_time(tmp_path, monkeypa
     fmt = awq_gptq.quant_format(json.loads((path / "config.json").read_text()), path)
     checkpoint = awq_gptq.QuantizedCheckpoint.open_quantized(path, fmt)
     want = reference_weights(path, method, bits, 32, v1)["model.layers.0.mlp.up_proj"].astype(np.float32)  # [256, 128]
-    monkeypatch.setattr(awq_gptq, "ROW_BLOCK_BYTES", 37 * 128 * 4)  # blocks of 37 rows: not a word's 8
+    monkeypatch.setattr("builder.materialize.ROW_BLOCK_BYTES", 37 * 128 * 4)  # blocks of 37 rows: not a word's 8
     weight = checkpoint.weight("model.layers.0.mlp.up_proj.weight")
     layer = checkpoint.layers["model.layers.0.mlp.up_proj.weight"]
     computed = []

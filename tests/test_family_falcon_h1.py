@@ -215,13 +215,12 @@ def test_verify_feeds_kv_and_states_of_every_layer(source, tmp_path):
 def test_multipliers_are_applied_a_block_of_rows_at_a_time(monkeypatch, per_row):
     """A scaled matrix (μP's multipliers: one number, or one per row such as in_proj's) is computed
     a block of rows at a time as it is written, each block with its own rows' multipliers."""
-    import builder.lazy as lazy
     from architectures.falcon_h1 import scaled
     from builder.lazy import Weight
 
     w = np.random.default_rng(0).standard_normal((10, 4)).astype(np.float32)
     m = np.arange(1, 11, dtype=np.float32) / 3 if per_row else 0.7
-    monkeypatch.setattr(lazy, "ROW_BLOCK_BYTES", 3 * 4 * 4)  # blocks of 3 rows
+    monkeypatch.setattr("builder.materialize.ROW_BLOCK_BYTES", 3 * 4 * 4)  # blocks of 3 rows
     want = w * np.asarray(m, np.float32).reshape(-1, 1)
     got = scaled(Weight.constant(w), m)
     assert got.numpy().tobytes() == want.tobytes()

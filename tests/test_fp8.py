@@ -209,7 +209,6 @@ def test_a_float8_weight_is_computed_a_block_of_rows_at_a_time(tmp_path, monkeyp
     """fp8 · scale was computed whole, 4 bytes a weight beside the result (a 1B FP8 checkpoint's
     int4 build peaked at 505 MB, now 416 MB); now a block of rows at a time as the writer or the
     quantizer asks, row ranges crossing the scale grid's blocks giving the same float32 values."""
-    import builder.inputs.fp8 as fp8
     from builder.inputs.fp8 import FP8Linear
     from builder.inputs.mapping import TensorInfo
     from builder.lazy import Weight
@@ -224,7 +223,7 @@ def test_a_float8_weight_is_computed_a_block_of_rows_at_a_time(tmp_path, monkeyp
                       block)
     bn, bk = block or (300, 200)
     want = codes.astype(np.float32) * expand(scale.reshape(-(-300 // bn), -(-200 // bk)), 300, 200, bn, bk)
-    monkeypatch.setattr(fp8, "ROW_BLOCK_BYTES", 70 * 200 * 4)  # blocks of 70 rows
+    monkeypatch.setattr("builder.materialize.ROW_BLOCK_BYTES", 70 * 200 * 4)  # blocks of 70 rows
     computed = []
     weight = Weight((300, 200), np.float32, lambda stack: _spy(layer.float32(stack), computed), ("w",))
     assert weight.numpy().tobytes() == want.tobytes()

@@ -122,7 +122,7 @@ def test_float_builds_dequantize_a_block_of_rows_at_a_time(kind, permuted, tmp_p
     decoded, released = [], []
     dequantize = gguf.quants.dequantize
     monkeypatch.setattr(gguf.quants, "dequantize", lambda x, q: decoded.append(len(x)) or dequantize(x, q))
-    monkeypatch.setattr(checkpoint, "ROW_BLOCK_BYTES", 5 * 512 * 4)
+    monkeypatch.setattr("builder.materialize.ROW_BLOCK_BYTES", 5 * 512 * 4)
     monkeypatch.setattr(checkpoint, "release", lambda view: released.append(view.shape[0]))
     w = Weight((rows, 512), np.float32, checkpoint._dequantized(tensor), ("w",))
 

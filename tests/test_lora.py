@@ -181,14 +181,13 @@ def test_merged_weights_are_peft_merged_weights_in_the_base_dtype(partial, rows_
     a 2-layer, 2048-wide LoRA build's peak went 626 -> 265 MB)."""
     from safetensors.numpy import load_file
 
-    import builder.lazy as lazy
     from builder.inputs.lora import Adapter, LoraCheckpoint
     from builder.inputs.safetensors import SafetensorsCheckpoint
     from builder.materialize import ComputedRows
 
     base, adapter, reference_folder = partial
     if rows_a_block:
-        monkeypatch.setattr(lazy, "ROW_BLOCK_BYTES", rows_a_block * 4 * TINY["hidden_size"])
+        monkeypatch.setattr("builder.materialize.ROW_BLOCK_BYTES", rows_a_block * 4 * TINY["hidden_size"])
     want = load_file(reference_folder / "model.safetensors")
     ckpt = LoraCheckpoint(SafetensorsCheckpoint.open(base), Adapter.open(adapter))
     changed = sorted({*ckpt.deltas, *ckpt.replaced})

@@ -45,7 +45,7 @@ from builder.errors import BuildError
 from builder.inputs.mapping import TensorInfo, mapped
 from builder.inputs.safetensors import ReadQuantizationSource, SafetensorsCheckpoint, read_headers
 from builder.lazy import Weight
-from builder.materialize import ROW_BLOCK_BYTES, ComputedRows
+from builder.materialize import ComputedRows
 from builder.quantize import BLOCK_SIZES
 from builder.stored_blocks import BlockArrays, Blocks
 
@@ -177,7 +177,7 @@ class QuantizedLinear:
             w *= np.asarray(scales[:, start:stop], np.float32)[group].T
             return w
 
-        return ComputedRows(rows, (self.n, self.k), ROW_BLOCK_BYTES // (4 * max(1, self.k)))
+        return ComputedRows(rows, (self.n, self.k))
 
     def blocks(self, bits: int) -> Blocks:
         """The codes as MatMulNBits blocks at `bits` (the format's, or 8 for wide v1 zero points)."""

@@ -40,7 +40,7 @@ from builder.errors import BuildError
 from builder.inputs.mapping import TensorInfo, mapped, release
 from builder.inputs.safetensors import DTYPES, ReadQuantizationSource, SafetensorsCheckpoint, read_headers
 from builder.lazy import Weight
-from builder.materialize import ROW_BLOCK_BYTES, ComputedRows
+from builder.materialize import ComputedRows
 
 METHODS = ("fp8", "compressed-tensors")
 FP8_DTYPES = (DTYPES["F8_E4M3"], DTYPES["F8_E5M2"])
@@ -147,7 +147,7 @@ class FP8Linear:
                 w[:, j * bk:(j + 1) * bk] *= scales[:, j:j + 1]
             return w
 
-        return ComputedRows(rows, (n, k), ROW_BLOCK_BYTES // (4 * max(1, k)))
+        return ComputedRows(rows, (n, k))
 
 
 class FP8Checkpoint(SafetensorsCheckpoint):

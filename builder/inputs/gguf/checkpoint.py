@@ -26,7 +26,7 @@ from builder.inputs.gguf.tokenizer import check_tokenizer_metadata, write_tokeni
 from builder.inputs.mapping import TensorInfo, mapped, release
 from builder.inputs.source import NamedTensors
 from builder.lazy import Weight
-from builder.materialize import ROW_BLOCK_BYTES, ComputedRows
+from builder.materialize import ComputedRows
 
 log = logging.getLogger("builder")
 
@@ -68,15 +68,14 @@ def _read(t: GGUFTensor, stack) -> np.ndarray:
 
 
 def _dequantized(t: GGUFTensor):
-    """The tensor as float32 (a float build's): a 2-D one as `ComputedRows`, dequantized about
-    ROW_BLOCK_BYTES of float32 at a time as the writer (or a quantizer's chunk) asks for rows, each
-    range's mapped pages given back, so a float build holds its result and one block, never the
-    whole tensor dequantized beside it (Qwen2.5-1.5B's 934 MB float32 lm_head was held twice)."""
+    """The tensor as float32 (a float build's): a 2-D one as `ComputedRows`, dequantized a block of
+    rows at a time as the writer (or a quantizer's chunk) asks for rows, each range's mapped pages
+    given back, so a float build holds its result and one block, never the whole tensor
+    dequantized beside it (Qwen2.5-1.5B's 934 MB float32 lm_head was held twice)."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
     qtype = GGMLQuantizationType[t.kind]
-    count = int(np.prod(t.shape, dtype=np.int64))
 
     def decode(raw: np.ndarray) -> np.ndarray:
         """Rows of raw bytes as float32; a damaged block's NaN or infinite fp16 scale is refused
@@ -97,7 +96,7 @@ def _dequantized(t: GGUFTensor):
             release(piece)
             return out
 
-        return ComputedRows(rows, t.shape, ROW_BLOCK_BYTES // (4 * max(1, count // max(1, t.shape[0]))))
+        return ComputedRows(rows, t.shape)
 
     return compute
 
