@@ -34,27 +34,36 @@ def all_finite(a: np.ndarray) -> bool:
     return True
 
 
+def first_non_finite(a: np.ndarray) -> tuple[int, tuple[int, ...]] | None:
+    """(how many, the first one's index) of the elements of a float array that are not finite;
+    None if all are."""
+    if all_finite(a):
+        return None
+    bad = np.flatnonzero(~np.isfinite(a.reshape(-1)))
+    return bad.size, tuple(int(i) for i in np.unravel_index(int(bad[0]), a.shape))
+
+
 def finite_check(sources: tuple[str, ...], name: str, shape: tuple[int, ...]):
     """A `lazy.Check` refusing, in one line naming the tensor and the first bad element's index in
     the tensor as written (`shape`: a MatMul's weight is the checkpoint's transposed), a block of
     `name` (read from `sources`) that holds a value that is not finite."""
 
     def check(block: np.ndarray, first: int) -> None:
-        if all_finite(block):
+        found = first_non_finite(block)
+        if found is None:
             return
-        flat = block.reshape(-1)
-        bad = np.flatnonzero(~np.isfinite(flat.astype(np.float32)))
-        index = [int(i) for i in np.unravel_index(int(bad[0]), block.shape)]
+        count, at = found
+        index = list(at)
         if index:  # a 0-d weight (Apertus' xIELU beta) has no index
             index[0] += first
-        if np.isnan(np.float32(flat[bad[0]])):
+        if np.isnan(np.float32(block[at])):
             what = "NaN"
         elif block.dtype == np.float16:
             what = "a value past float16's range (±65,504) or an infinity"
         else:
             what = "an infinity"
         tensor = name if sources == (name,) else f"{name} (read from {', '.join(sources)})"
-        raise BuildError(f"{tensor} holds {what} (at {index} of the {list(shape)} written; {bad.size} in that "
+        raise BuildError(f"{tensor} holds {what} (at {index} of the {list(shape)} written; {count} in that "
                          "block of rows): a model built from it would compute NaN")
 
     return check

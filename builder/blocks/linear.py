@@ -23,6 +23,7 @@ import onnx_ir as ir
 
 from builder.blocks import stored_float
 from builder.errors import BuildError
+from builder.finite import first_non_finite
 from builder.graph import Graph
 from builder.lazy import Weight
 from builder.materialize import SharedResult
@@ -144,9 +145,9 @@ def quantized(weight: Weight, bits: int, q: Quantization, scale_dtype: np.dtype)
     def run(rows) -> QuantizedMatrix:
         with np.errstate(invalid="ignore", over="ignore"):  # numpy's warnings on such a block: refused below
             m = quantize(rows, bits, q.block_size, q.symmetric, scale_dtype, q.method)
-        found = _first_non_finite(m.scales)
+        found = first_non_finite(m.scales)
         if found:
-            count, row, block = found
+            count, (row, block) = found
             start = block * q.block_size
             values = np.asarray(rows[row], np.float32)[start:start + q.block_size]
             what = ("NaN" if np.isnan(values).any() else "an infinity" if np.isinf(values).any() else
@@ -167,21 +168,12 @@ def _refuse_non_finite(weight: Weight, scales: np.ndarray, offsets: np.ndarray |
         if values is None:
             continue
         with np.errstate(over="ignore", invalid="ignore"):
-            found = _first_non_finite(np.asarray(values).astype(scale_dtype))
+            found = first_non_finite(np.asarray(values).astype(scale_dtype))
         if found:
-            count, row, block = found
+            count, (row, block) = found
             raise BuildError(f"{', '.join(weight.sources) or 'a weight'}: block {block} of row {row} has a {what} of "
                              f"{float(values[row, block]):g} as {np.dtype(scale_dtype).name} ({count} in all): "
                              "a model built from it would compute NaN")
-
-
-def _first_non_finite(a: np.ndarray) -> tuple[int, int, int] | None:
-    """(how many, row, column) of the first entry of a 2-D array that is not finite; None if all are."""
-    bad = ~np.isfinite(a)
-    if not bad.any():
-        return None
-    where = np.flatnonzero(bad)
-    return (where.size, *divmod(int(where[0]), a.shape[1]))
 
 
 def _flat_codes(codes: np.ndarray, bits: int) -> np.ndarray:
