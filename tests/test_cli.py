@@ -52,8 +52,8 @@ def test_graph_uses_fused_ops_and_module_path_names(tiny_llama, tmp_path):
     assert ops.count("GroupQueryAttention") == 2
     assert ops.count("SimplifiedLayerNormalization") == 1 and ops.count("SkipSimplifiedLayerNormalization") == 4
     names = {n.name for n in model.graph.node}
-    assert "/model/layers.1/self_attn/qkv_proj/MatMul" in names
-    assert "/model/layers.0/mlp/down_proj/MatMul" in names
+    assert "/model/layers.1/self_attn/qkv_proj/FusedMatMul" in names
+    assert "/model/layers.0/mlp/down_proj/FusedMatMul" in names
     opsets = {o.domain: o.version for o in model.opset_import}
     assert opsets == {"": 21, "com.microsoft": 1}
     gqa = next(n for n in model.graph.node if n.op_type == "GroupQueryAttention")

@@ -85,9 +85,9 @@ def test_a_weight_no_finite_scale_holds_is_refused(src, tmp_path, capsys, value,
 
 
 @pytest.mark.parametrize("tensor,value,flags,what", [
-    ("model.layers.1.mlp.down_proj.weight", np.nan, ["-p", "fp32"], "holds NaN (at [40, 3] of the [128, 64] written"),
+    ("model.layers.1.mlp.down_proj.weight", np.nan, ["-p", "fp32"], "holds NaN (at [3, 40] of the [64, 128] written"),
     ("model.layers.1.mlp.down_proj.weight", 1e5, ["-p", "fp16"],  # float32 in the checkpoint, past float16
-     "holds a value past float16's range (±65,504) or an infinity (at [40, 3] of the [128, 64] written"),
+     "holds a value past float16's range (±65,504) or an infinity (at [3, 40] of the [64, 128] written"),
     ("model.norm.weight", -np.inf, ["-p", "int4"], "holds an infinity (at [40] of the [64] written"),
     ("model.embed_tokens.weight", np.nan, ["-p", "fp16"], "holds NaN (at [3, 40] of the [256, 64] written")],
     ids=["fp32-nan", "fp16-overflow", "int4-norm-inf", "fp16-table-nan"])

@@ -56,7 +56,7 @@ def test_float_layers_accepts_checkpoint_module_names(src, tmp_path, capsys):
     assert rc == 0, err
     by_name = {n.name: n.op_type for n in nodes(out)}
     for i in range(2):  # q, k and v are one fused linear: a pattern naming q_proj keeps it all in float
-        assert by_name[f"/model/layers.{i}/self_attn/qkv_proj/MatMul"] == "MatMul"
+        assert by_name[f"/model/layers.{i}/self_attn/qkv_proj/FusedMatMul"] == "FusedMatMul"
         assert not any(n.startswith(f"/model/layers.{i}/self_attn/qkv_proj/") and op == "MatMulNBits"
                        for n, op in by_name.items())
         for module in ("self_attn/o_proj", "mlp/gate_proj", "mlp/up_proj", "mlp/down_proj"):
@@ -69,7 +69,7 @@ def test_float_layers_graph_paths_still_work(src, tmp_path, capsys):
     rc, _, err = run(capsys, "-m", src, "-o", out, "-q", "--float-layers", "model.layers.1.self_attn.qkv_proj")
     assert rc == 0, err
     ops = {n.name: n.op_type for n in nodes(out)}
-    assert "/model/layers.1/self_attn/qkv_proj/MatMul" in ops and "/model/layers.0/self_attn/qkv_proj/MatMulNBits" in ops
+    assert "/model/layers.1/self_attn/qkv_proj/FusedMatMul" in ops and "/model/layers.0/self_attn/qkv_proj/MatMulNBits" in ops
 
 
 @pytest.mark.parametrize("pattern", ["*.nonexistent", "model.layers.9.*", "*.input_layernorm"])

@@ -66,9 +66,9 @@ def test_exclude_lm_head_and_float_layers(tmp_path, tiny_llama):
     out = build(tiny_llama, tmp_path / "out", "-p", "int4", "--exclude-lm-head", "--float-layers", "model.layers.1.mlp.*")
     model = onnx.load(out / "model.onnx", load_external_data=False)
     float_matmuls = sorted(n.name for n in model.graph.node if n.op_type in ("MatMul", "FusedMatMul"))
-    assert float_matmuls == [  # the float lm_head reads its weight as stored ([vocab, hidden], transB)
-        "/lm_head/FusedMatMul", "/model/layers.1/mlp/down_proj/MatMul",
-        "/model/layers.1/mlp/gate_proj/MatMul", "/model/layers.1/mlp/up_proj/MatMul",
+    assert float_matmuls == [  # a float linear reads its weight as stored ([out, in], transB)
+        "/lm_head/FusedMatMul", "/model/layers.1/mlp/down_proj/FusedMatMul",
+        "/model/layers.1/mlp/gate_proj/FusedMatMul", "/model/layers.1/mlp/up_proj/FusedMatMul",
     ]
     assert op_histogram(out)["MatMulNBits"] == 2 * 5 - 3
     gqa = [n for n in model.graph.node if n.op_type == "MatMulNBits"]

@@ -1,6 +1,8 @@
 """Linear layers: y = x · Wᵀ (+ b), from a weight in Hugging Face's [out_features, in_features] layout.
 
-In float, a MatMul against the transposed weight. Quantized, a com.microsoft::MatMulNBits whose
+In float, com.microsoft's FusedMatMul with transB reads the weight as the checkpoint stores it,
+[out, in], where the provider has that operator; elsewhere (WebGPU, TensorRT-RTX, --standard-ops)
+a MatMul against the weight transposed at build time. Quantized, a com.microsoft::MatMulNBits whose
 B, scales and zero points come out of one quantization of the checkpoint's own values, run when
 the writer reaches them; or, with Quantization.qdq, the same codes and scales as a blocked
 DequantizeLinear (opset 21) feeding a MatMul: the QDQ form other runtimes and tools read.
@@ -281,12 +283,12 @@ def linear(
     target: Target,
     bias: Weight | None = None,
     quantized: QuantizedValues | None = None,
-    rows_as_stored: bool = False,
 ) -> ir.Value:
     """x · Wᵀ (+ b). `quantized` reuses initializers already registered for this weight (tied lm_head).
-    `rows_as_stored`: a float W is stored [out, in] as the checkpoint has it and read by
-    com.microsoft's FusedMatMul with transB where the provider has it, instead of transposed at
-    build time (an untied lm_head: its [in, out] copy was a whole float matrix held in memory)."""
+    A float W is stored [out, in] as the checkpoint has it and read by FusedMatMul with transB
+    where the provider has it: a transposed copy cost a build about half its CPU time (the
+    Llama-3.2-1B shape in fp16) and held each matrix whole in memory, where [out, in] streams
+    a block of rows at a time; ONNX Runtime runs both at the same speed (docs/BENCHMARKS.md)."""
     module, sources = module_name(g), source_modules(weight.sources)
     g.linears[module] = sources if quantized is None else ()  # what --float-layers patterns may name
     if quantized is None and target.quantizes(module, sources):
@@ -294,7 +296,7 @@ def linear(
         quantized = quantized_weight(g, weight, target.quantization, target.io_dtype, bits)
     if quantized is not None:
         y = matmul_nbits(g, x, quantized, target)
-    elif rows_as_stored and target.provider.fused_matmul and not target.standard_ops:
+    elif target.provider.fused_matmul and not target.standard_ops:
         y = g.ms.FusedMatMul(x, stored_float.matrix(g, "weight", weight, target), transB=1)  # (B, S, in) · (out, in)ᵀ
     else:
         y = g.op.MatMul(x, stored_float.matrix(g, "weight", weight.transpose(), target))  # [out, in] -> [in, out]

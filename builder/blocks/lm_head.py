@@ -78,7 +78,7 @@ def lm_head(
             if bias is not None:
                 logits = g.op.Add(logits, g.weight("bias", bias.astype(target.io_dtype)))
         else:
-            logits = linear(g, x, weight, target, bias, quantized=shared, rows_as_stored=True)
+            logits = linear(g, x, weight, target, bias, quantized=shared)
         out_dtype = logits_dtype(target.io_dtype)
         if out_dtype != target.io_dtype:
             logits = g.op.Cast(logits, to=ir.DataType.from_numpy(out_dtype))
