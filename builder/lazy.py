@@ -21,6 +21,7 @@ import numpy as np
 import onnx_ir as ir
 
 from builder.materialize import (
+    ROW_BLOCK_HELD,
     STREAM_BYTES,
     ComputedRows,
     FilledArray,
@@ -50,10 +51,10 @@ class Weight:
         [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]
     """
 
-    __slots__ = ("shape", "dtype", "_compute", "sources", "blocks", "pieces", "origin")
+    __slots__ = ("shape", "dtype", "_compute", "sources", "blocks", "pieces", "origin", "by_rows")
 
     def __init__(self, shape: Sequence[int], dtype: np.dtype | type, compute: Compute, sources: tuple[str, ...],
-                 blocks: Blocks | None = None, pieces: tuple[Weight, ...] | None = None):
+                 blocks: Blocks | None = None, pieces: tuple[Weight, ...] | None = None, by_rows: bool = False):
         self.shape = tuple(int(d) for d in shape)
         self.dtype = np.dtype(dtype)
         self._compute = compute
@@ -63,14 +64,19 @@ class Weight:
         # Where a checkpoint tensor's bytes lie, (file, offset, length), for a weight that is that
         # tensor as stored (no step applied): equal origins are equal values (`origin_key`).
         self.origin: tuple[str, int, int] | None = None
+        # Its value comes a block of rows at a time without being computed whole (a checkpoint
+        # tensor as stored, a cast or row range of one, rows computed on demand, such values joined
+        # along rows): written so when large (`to_ir`), what report.estimate counts as held.
+        self.by_rows = by_rows
 
     def __repr__(self) -> str:
         return f"Weight({list(self.shape)}, {self.dtype.name}, from {', '.join(self.sources) or 'code'})"
 
     @classmethod
     def source(cls, shape: Sequence[int], dtype: np.dtype, open_view: Compute, name: str,
-               origin: tuple[str, int, int] | None = None) -> Weight:
-        weight = cls(shape, dtype, open_view, (name,))
+               origin: tuple[str, int, int] | None = None, by_rows: bool = True) -> Weight:
+        """A checkpoint tensor; `open_view` maps it (`by_rows`: as a C-contiguous array)."""
+        weight = cls(shape, dtype, open_view, (name,), by_rows=by_rows)
         weight.origin = origin
         return weight
 
@@ -121,7 +127,7 @@ class Weight:
             return Weight.stack([p.astype(dtype) for p in self.pieces])
         inner = self._compute
         # The cast itself happens in numpy() when the result is copied out, fused with the layout copy.
-        return Weight(self.shape, dtype, lambda s: PendingCast(inner(s), dtype), self.sources)
+        return Weight(self.shape, dtype, lambda s: PendingCast(inner(s), dtype), self.sources, by_rows=self.by_rows)
 
     def map(self, fn: Callable[[np.ndarray], np.ndarray], dtype: np.dtype | type | None = None) -> Weight:
         """Applies a numpy function (same shape) at write time, e.g. `lambda w: w + 1`."""
@@ -155,7 +161,7 @@ class Weight:
 
             return ComputedRows(rows, self.shape, dtype=out_dtype)
 
-        return Weight(self.shape, out_dtype, compute, self.sources)
+        return Weight(self.shape, out_dtype, compute, self.sources, by_rows=True)
 
     def slice(self, axis: int, start: int, stop: int) -> Weight:
         """Rows or columns [start, stop) along `axis` (a view until written)."""
@@ -166,7 +172,8 @@ class Weight:
         index = tuple(slice(start, stop) if a == axis else slice(None) for a in range(len(shape)))
         inner = self._compute
         blocks = self.blocks.rows(start, stop) if self.blocks is not None and axis == 0 and len(shape) == 2 else None
-        return Weight(shape, self.dtype, lambda s: inner(s)[index], self.sources, blocks)
+        return Weight(shape, self.dtype, lambda s: inner(s)[index], self.sources, blocks,
+                      by_rows=self.by_rows and axis == 0)
 
     @staticmethod
     def concat(weights: Sequence[Weight], axis: int = 0) -> Weight:
@@ -195,7 +202,8 @@ class Weight:
         if axis == 0 and all(w.blocks is not None for w in weights):
             blocks = Blocks.concat([w.blocks for w in weights])
         return Weight(shape, first.dtype, lambda s: PendingConcat([p(s) for p in parts], axis),
-                      tuple(n for w in weights for n in w.sources), blocks)
+                      tuple(n for w in weights for n in w.sources), blocks,
+                      by_rows=axis == 0 and all(w.by_rows for w in weights))
 
     @staticmethod
     def stack(weights: Sequence[Weight]) -> Weight:
@@ -273,7 +281,8 @@ class Weight:
                     first += len(block)
                     yield block
 
-            return StreamedTensor(whole, blocks, self.dtype, self.shape, name)
+            return StreamedTensor(whole, blocks, self.dtype, self.shape, name,
+                                  held=ROW_BLOCK_HELD if self.by_rows else None)
         return ir.LazyTensor(whole, dtype=ir.DataType.from_numpy(self.dtype), shape=ir.Shape(self.shape), name=name)
 
     def _row_blocks(self) -> Iterator[np.ndarray]:

@@ -25,6 +25,9 @@ from builder.inputs.mapping import release, row_ranges
 
 TILE = 128  # 128×128 tiles of a transposed copy stay in the L2 cache of both source and target
 ROW_BLOCK_BYTES = 16 * 2**20  # source bytes converted between two releases of mapped pages
+# What a value written a block of rows at a time holds: the block's source pages, its float32 work
+# and the temporaries of computing it (a GGUF Q6_K block dequantized) and its output.
+ROW_BLOCK_HELD = 4 * ROW_BLOCK_BYTES
 # Tensors larger than this are written a block of rows at a time where their recipe allows it.
 STREAM_BYTES = 64 * 2**20
 
@@ -107,9 +110,11 @@ class PendingConcat:
         return PendingConcat([p.T for p in self.parts], len(self.parts[0].shape) - 1 - self.axis)
 
     def __getitem__(self, index):
-        if self.axis != 0 or not isinstance(index, slice) or index.step not in (None, 1):
+        rows, rest = (index[0], index[1:]) if isinstance(index, tuple) and index else (index, ())
+        whole_rows = all(isinstance(i, slice) and i == slice(None) for i in rest)
+        if self.axis != 0 or not whole_rows or not isinstance(rows, slice) or rows.step not in (None, 1):
             return np.asarray(self)[index]
-        start, stop, _ = index.indices(self.shape[0])
+        start, stop, _ = rows.indices(self.shape[0])
         pieces, offset = [], 0
         for p in self.parts:
             low, high = max(start - offset, 0), min(stop - offset, p.shape[0])
@@ -223,17 +228,27 @@ def materialized(value, shape: Sequence[int], dtype: np.dtype) -> np.ndarray:
 
 def row_blocks(value, shape: Sequence[int], dtype: np.dtype) -> Iterator[np.ndarray]:
     """A recipe's value in blocks of rows, each converted and its source pages handed back before the
-    next: a large table read row by row (an embedding, an untied lm_head in float) is written holding
-    one block of it. A value whose rows are not contiguous in its source (a transposed weight, whose
+    next: a large table read row by row (an embedding, a float linear's [out, in] matrix; a fused
+    q/k/v one part after another) is written holding one block of it. A value whose rows are not contiguous in its source (a transposed weight, whose
     rows gather from every source page) or that is computed whole comes as one piece."""
     if isinstance(value, FilledArray):
         yield value.array
         return
-    source = value.array if isinstance(value, PendingCast) else value
+    source, casts = value, []  # casts innermost first: a block goes through each, in turn
+    while isinstance(source, PendingCast):
+        casts.insert(0, source.dtype)
+        source = source.array
+    if isinstance(source, PendingConcat) and source.axis == 0:  # each part's rows in turn (a fused q/k/v)
+        for part in source.parts:
+            for cast in casts:
+                part = PendingCast(part, cast)
+            yield from row_blocks(part, part.shape, dtype)
+        return
     if isinstance(source, ComputedRows) and not source.transposed:
         for _, rows in source.blocks():
             with np.errstate(over="ignore"):
-                rows = rows.astype(dtype, copy=False)
+                for cast in [*casts, dtype]:
+                    rows = rows.astype(cast, copy=False)
             yield rows
         return
     if not (isinstance(source, np.ndarray) and source.flags.c_contiguous):
@@ -349,14 +364,16 @@ class StreamedTensor(ir.LazyTensor):
     to the tensor's offset and calls its `tofile(file)` (onnx_ir/external_data.py, `_write_tensor_at`,
     onnx_ir 1.1), so only one piece (one expert of a stack) is in memory at a time. `pieces()`
     yields C-contiguous arrays whose bytes, one after another, are the tensor's: each is written by
-    `ir.Tensor.tofile`, as the whole array would be. `whole()` is the tensor for any other reader."""
+    `ir.Tensor.tofile`, as the whole array would be. `whole()` is the tensor for any other reader.
+    `held`: the bytes it holds while written, where known before (a block of rows: report.estimate)."""
 
-    __slots__ = ("_pieces",)
+    __slots__ = ("_pieces", "held")
 
     def __init__(self, whole: Callable[[], ir.TensorProtocol], pieces: Callable[[], Iterator[np.ndarray]],
-                 dtype: np.dtype, shape: Sequence[int], name: str):
+                 dtype: np.dtype, shape: Sequence[int], name: str, held: int | None = None):
         super().__init__(whole, dtype=ir.DataType.from_numpy(np.dtype(dtype)), shape=ir.Shape(shape), name=name)
         self._pieces = pieces
+        self.held = held
 
     def tofile(self, file) -> None:
         for piece in self._pieces():

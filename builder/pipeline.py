@@ -180,7 +180,9 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
         TopologicalSortPass()(part)
         sources.update({f"{stem}:{name}": srcs for name, srcs in package.sources[stem].items()})
         estimates[stem] = estimate(part, _source_bytes(checkpoint, package.sources[stem]), stored=stored)
-    return Plan(folder, names[0], config, info, checkpoint, model, generation, combined(list(estimates.values())),
+    total = combined(list(estimates.values()))
+    total = dataclasses.replace(total, peak_rss=total.peak_rss + inp.files_memory())  # a GGUF's tokenizer
+    return Plan(folder, names[0], config, info, checkpoint, model, generation, total,
                 sources, inp, adapter, package, estimates, target)
 
 

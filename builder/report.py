@@ -18,6 +18,11 @@ from builder.writer import INLINE_BYTES, MAX_WORKERS, content_keys, data_tensors
 BASE_RSS = 128 * 2**20
 # float32 temporaries of one quantization chunk (input, codes, rounding), per writer thread.
 QUANTIZE_SCRATCH = 6 * 4 * ROW_CHUNK_ELEMENTS
+# The compiled quantizer's code once loaded (numba and llvmlite; measured 105 MB), in a build that
+# quantizes.
+QUANTIZER_RSS = 112 * 2**20
+QUANTIZED_OPS = ("com.microsoft::MatMulNBits", "com.microsoft::GatherBlockQuantized", "com.microsoft::QMoE",
+                 "DequantizeLinear")
 
 
 @dataclass(frozen=True)
@@ -50,8 +55,11 @@ def estimate(model: ir.Model, sources: dict[str, list[int]], members: dict[str, 
     # Peak: each writer thread holds one tensor's output plus what it has mapped of the source —
     # a row block, as pages are handed back while converting — or a whole concatenation of
     # several sources (fused QKV). The two largest such tensors may be in flight together.
-    # A stack of experts holds one expert's output and sources at a time.
+    # A stack of experts holds one expert's output and sources at a time; a value written a block of
+    # rows at a time (an embedding, a float linear's matrix), one block.
     def transient(t) -> int:
+        if getattr(t, "held", None) is not None:
+            return min(t.held, t.nbytes + sum(sources.get(t.name, [])))
         parts, count = sources.get(t.name, []), (members or {}).get(t.name, 1)
         if count > 1:
             return (t.nbytes + sum(parts)) // count
@@ -59,8 +67,9 @@ def estimate(model: ir.Model, sources: dict[str, list[int]], members: dict[str, 
         return t.nbytes + held
 
     per_tensor = sorted((transient(t) for t in external), reverse=True)
-    peak = BASE_RSS + sum(per_tensor[:MAX_WORKERS]) + MAX_WORKERS * QUANTIZE_SCRATCH
     ops = collections.Counter(f"{n.domain + '::' if n.domain else ''}{n.op_type}" for n in model.graph.all_nodes())
+    quantizes = any(op in ops for op in QUANTIZED_OPS)
+    peak = BASE_RSS + sum(per_tensor[:MAX_WORKERS]) + quantizes * (MAX_WORKERS * QUANTIZE_SCRATCH + QUANTIZER_RSS)
     return Estimate(data, proto, peak, dict(sorted(ops.items())))
 
 

@@ -69,7 +69,8 @@ def test_a_stack_of_per_expert_tensors_is_predicted_one_expert_at_a_time(tmp_pat
     # DeepSeek-V3's hub layout stores each expert apart; its QMoE stack is written one expert at a
     # time, but the estimate held all its sources at once: a 2-layer slice of V3's full shapes (one
     # 256-expert layer, 22.5 GB) predicted 28.4 GB and was refused on this 24 GB machine. Here one
-    # layer of 128 experts of 1024 x 256 (201 MB): predicted 436 MB before, 197 MB now.
+    # layer of 128 experts of 1024 x 256 (201 MB): predicted 436 MB before, 315 MB now (the compiled
+    # quantizer's 112 MB counted since), 228 MB measured.
     from builder.cli import main
 
     config = shrunk(PRESETS["DeepSeek-V3"])
@@ -80,4 +81,4 @@ def test_a_stack_of_per_expert_tensors_is_predicted_one_expert_at_a_time(tmp_pat
     assert main(["-m", str(tmp_path / "src"), "-o", str(tmp_path / "out"), "-p", "int4", "--dry-run"]) == 0
     peak = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("peak memory")).split()
     value, unit = float(peak[2].lstrip("~")), peak[3]
-    assert unit == "MB" and value < 300, " ".join(peak)
+    assert unit == "MB" and value < 350, " ".join(peak)

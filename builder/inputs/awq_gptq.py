@@ -259,7 +259,7 @@ class QuantizedCheckpoint(SafetensorsCheckpoint):
         self._consumed.add(name)
         # Its source is the layer's `.weight` (whose TensorInfo counts the packed tensors' bytes), so
         # --float-layers patterns and build records name the module as for a float checkpoint.
-        return Weight((layer.n, layer.k), np.float32, layer.float32, (name,), layer.blocks(_bits(layer)))
+        return Weight((layer.n, layer.k), np.float32, layer.float32, (name,), layer.blocks(_bits(layer)), by_rows=True)
 
     def same_values(self, a: str, b: str, rows_per_chunk: int = 4096) -> bool:
         if a in self.layers or b in self.layers:

@@ -197,7 +197,7 @@ class FP8Checkpoint(SafetensorsCheckpoint):
         if shape is not None and tuple(shape) != layer.weight.shape:
             raise BuildError(f"{name} (fp8) has shape {list(layer.weight.shape)} but config.json implies {list(shape)}")
         self._consumed.add(name)
-        return Weight(layer.weight.shape, np.float32, layer.float32, (name,))
+        return Weight(layer.weight.shape, np.float32, layer.float32, (name,), by_rows=True)
 
     def same_values(self, a: str, b: str, rows_per_chunk: int = 4096) -> bool:
         if a in self.layers or b in self.layers:

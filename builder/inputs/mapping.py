@@ -48,7 +48,7 @@ def release(view: np.ndarray) -> None:
     """
     for part in getattr(view, "parts", ()):  # a pending concatenation (materialize.PendingConcat)
         release(part)
-    if hasattr(view, "array") and not isinstance(view, np.ndarray):  # a pending cast (materialize.PendingCast)
+    while hasattr(view, "array") and not isinstance(view, np.ndarray):  # a pending cast (materialize.PendingCast)
         view = view.array
     mapping = getattr(view, "_mapping", None)
     if mapping is None or view.size == 0:

@@ -264,6 +264,9 @@ class SafetensorsSource:
     def write_files(self, folder: Path) -> None:
         """Nothing: the writer copies the folder's tokenizer files."""
 
+    def files_memory(self) -> int:
+        return 0
+
 
 class ReadQuantizationSource(SafetensorsSource):
     """A model folder whose top-level quantization_config names a format builder reads itself

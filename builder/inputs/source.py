@@ -71,6 +71,9 @@ class Source(Protocol):
     def write_files(self, folder: Path) -> None:
         """Writes into the output `folder` the files the format makes itself (a GGUF's tokenizer)."""
 
+    def files_memory(self) -> int:
+        """The bytes `write_files` holds in memory (report.estimate's predicted peak adds them)."""
+
 
 class NamedTensors:
     """The bookkeeping every format's checkpoint shares: tensors by name, the ones consumed, and

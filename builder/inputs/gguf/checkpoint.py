@@ -22,7 +22,7 @@ from builder.inputs.gguf.blocks import LAYOUT, WITH_MINIMUM, gguf_blocks
 from builder.inputs.gguf.header import TensorEntry
 from builder.inputs.gguf.metadata import check_layer_count, check_sizes, check_values, config
 from builder.inputs.gguf.names import FAMILIES, hf_name
-from builder.inputs.gguf.tokenizer import check_tokenizer_metadata, write_tokenizer
+from builder.inputs.gguf.tokenizer import check_tokenizer_metadata, tokenizer_memory, write_tokenizer
 from builder.inputs.mapping import TensorInfo, mapped, release
 from builder.inputs.source import NamedTensors
 from builder.lazy import Weight
@@ -165,9 +165,10 @@ class GGUFCheckpoint(NamedTensors):
     def _unshifted(self, name: str) -> Weight:
         t = self.gguf[name]
         if t.kind in FLOAT:
-            return Weight.source(t.shape, FLOAT[t.kind], lambda stack: _read(t, stack), name)
+            return Weight.source(t.shape, FLOAT[t.kind], lambda stack: _read(t, stack), name,
+                                 by_rows=t.rows is None)  # un-permuted rows are gathered whole
         blocks = gguf_blocks(t.kind, t.shape, lambda stack: _read(t, stack)) if len(t.shape) == 2 else None
-        return Weight(t.shape, np.float32, _dequantized(t), (name,), blocks)
+        return Weight(t.shape, np.float32, _dequantized(t), (name,), blocks, by_rows=len(t.shape) == 2)
 
     def same_values(self, a: str, b: str, rows_per_chunk: int = 4096) -> bool:
         """Whether tensors `a` and `b` are stored alike: the same type, shape and bytes."""
@@ -263,3 +264,6 @@ class GGUFSource:
     def write_files(self, folder: Path) -> None:
         """tokenizer.json and tokenizer_config.json, made from the file's tokenizer metadata."""
         write_tokenizer(self.metadata, folder)
+
+    def files_memory(self) -> int:
+        return tokenizer_memory(self.metadata)
