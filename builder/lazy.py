@@ -161,7 +161,7 @@ class Weight:
 
             return ComputedRows(rows, self.shape, dtype=out_dtype)
 
-        return Weight(self.shape, out_dtype, compute, self.sources, by_rows=True)
+        return Weight(self.shape, out_dtype, compute, self.sources, by_rows=self.by_rows)
 
     def slice(self, axis: int, start: int, stop: int) -> Weight:
         """Rows or columns [start, stop) along `axis` (a view until written)."""

@@ -229,8 +229,9 @@ def materialized(value, shape: Sequence[int], dtype: np.dtype) -> np.ndarray:
 def row_blocks(value, shape: Sequence[int], dtype: np.dtype) -> Iterator[np.ndarray]:
     """A recipe's value in blocks of rows, each converted and its source pages handed back before the
     next: a large table read row by row (an embedding, a float linear's [out, in] matrix; a fused
-    q/k/v one part after another) is written holding one block of it. A value whose rows are not contiguous in its source (a transposed weight, whose
-    rows gather from every source page) or that is computed whole comes as one piece."""
+    q/k/v one part after another) is written holding one block of it. A value whose rows are not
+    contiguous in its source (a transposed weight, whose rows gather from every source page) or
+    that is computed whole comes as one piece."""
     if isinstance(value, FilledArray):
         yield value.array
         return

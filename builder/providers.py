@@ -44,8 +44,9 @@ class Provider:
         quantized_gather: GatherBlockQuantized (a tied vocabulary's lookup from lm_head's codes).
         if_op: the If operator (LongRoPE's table choice).
         windowed_kv_cache: GroupQueryAttention's ring-buffer sliding-window cache.
-        fused_matmul: com.microsoft's FusedMatMul (a float lm_head's transposed product, its weight
-            stored [vocab, hidden]).
+        fused_matmul: com.microsoft's FusedMatMul: every float linear (lm_head and a tied
+            vocabulary included) reads its weight as stored, [out, in], with transB; without it a
+            MatMul reads the weight transposed at build time.
         gelu_op: ONNX's Gelu (opset 20); without it, GELU in plain ops.
         needs_every_kernel: a node the provider has no kernel for is refused, not left to ONNX
             Runtime's CPU fallback (DirectML captures the graph, which a CPU node breaks).

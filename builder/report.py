@@ -54,9 +54,10 @@ def estimate(model: ir.Model, sources: dict[str, list[int]], members: dict[str, 
     proto = sum(t.nbytes for t in tensors if t.nbytes <= INLINE_BYTES) + 160 * (len(external) + referenced) + 400 * nodes
     # Peak: each writer thread holds one tensor's output plus what it has mapped of the source —
     # a row block, as pages are handed back while converting — or a whole concatenation of
-    # several sources (fused QKV). The two largest such tensors may be in flight together.
-    # A stack of experts holds one expert's output and sources at a time; a value written a block of
-    # rows at a time (an embedding, a float linear's matrix), one block.
+    # several sources (a fused QKV written whole). The two largest such tensors may be in flight
+    # together. A stack of experts holds one expert's output and sources at a time; a value written
+    # a block of rows at a time (an embedding, a float linear's matrix, a fused QKV of such parts),
+    # one block.
     def transient(t) -> int:
         if getattr(t, "held", None) is not None:
             return min(t.held, t.nbytes + sum(sources.get(t.name, [])))

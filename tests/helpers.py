@@ -160,3 +160,17 @@ def assert_parity(folder: Path, source: Path, tolerance: float, ids: list[int] =
         err = relative_error(got, want)
         assert err < tolerance, f"{name}: relative max error {err:.2e} >= {tolerance:.0e}"
         assert (got.argmax(-1) == want.argmax(-1)).all(), f"{name}: argmax differs from transformers"
+
+
+def mapped_rss(path: Path) -> int:
+    """The bytes of `path`'s memory mappings resident in this process (Linux's /proc/self/smaps):
+    what reading a mapped checkpoint tensor holds until its pages are handed back."""
+    total, ours = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()
+            if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):  # a mapping's header
+                ours = len(head) >= 6 and head[5] == str(path)
+            elif ours and head[:1] == ["Rss:"]:
+                total += int(head[1]) * 1024
+    return total

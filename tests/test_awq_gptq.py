@@ -12,7 +12,7 @@ import onnx
 import pytest
 import torch
 from conftest import TINY
-from helpers import GENAI_PROMPT, assert_parity, build, make_checkpoint
+from helpers import GENAI_PROMPT, assert_parity, build, make_checkpoint, mapped_rss
 from test_genai import assert_same_greedy
 
 from builder.cli import main
@@ -305,6 +305,7 @@ def test_float_weights_are_computed_a_block_of_rows_at_a_time(tmp_path, monkeypa
     checkpoint = awq_gptq.QuantizedCheckpoint.open_quantized(path, fmt)
     want = reference_weights(path, method, bits, 32, v1)["model.layers.0.mlp.up_proj"].astype(np.float32)  # [256, 128]
     monkeypatch.setattr("builder.materialize.ROW_BLOCK_BYTES", 37 * 128 * 4)  # blocks of 37 rows: not a word's 8
+    monkeypatch.setattr(awq_gptq, "PACKED_ROWS_BYTES", 300)  # each decoded a run of one or two qweight rows at a time
     weight = checkpoint.weight("model.layers.0.mlp.up_proj.weight")
     layer = checkpoint.layers["model.layers.0.mlp.up_proj.weight"]
     computed = []
@@ -317,3 +318,38 @@ def test_float_weights_are_computed_a_block_of_rows_at_a_time(tmp_path, monkeypa
     assert spied.numpy().tobytes() == want.tobytes()
     assert computed == [(a, min(a + 37, 256)) for a in range(0, 256, 37)]
     assert spied.slice(0, 3, 250).transpose().numpy().tobytes() == np.ascontiguousarray(want[3:250].T).tobytes()
+
+
+@pytest.mark.parametrize("method", ["awq", "gptq"])
+def test_a_float_block_of_rows_holds_a_run_of_qweight_rows_not_all_of_them(tmp_path, monkeypatch, method):
+    """A block of output rows is a stripe of qweight's columns, which touches a page of each of its
+    rows: with nothing handed back, the first block left the whole packed tensor resident (112 MB
+    of a 70B MLP matrix, against the 64 MB --dry-run counts for a weight written by rows). It is
+    decoded a run of qweight's rows at a time now, each run's pages handed back."""
+    import builder.inputs.awq_gptq as awq_gptq
+    from builder.inputs.mapping import TensorInfo
+    from builder.lazy import Weight
+
+    n, k, group = 2048, 8192, 128  # qweight: 8 MB
+    rng = np.random.default_rng(0)
+    packed = {"qweight": (k, n // 8) if method == "awq" else (k // 8, n), "qzeros": (k // group, n // 8)}
+    arrays = {name: rng.integers(-2**31, 2**31, shape, dtype=np.int64).astype(np.int32) for name, shape in packed.items()}
+    arrays["scales"] = (rng.random((k // group, n)) * 0.01).astype(np.float16)
+    infos = {}
+    for name, a in arrays.items():
+        a.tofile(tmp_path / name)
+        infos[name] = TensorInfo(name, a.dtype, a.shape, tmp_path / name, 0, a.nbytes)
+    layer = awq_gptq.QuantizedLinear(awq_gptq.QuantFormat(method, 4, group, 0), infos["qweight"], infos["qzeros"],
+                                     infos["scales"], None, n, k)
+    monkeypatch.setattr("builder.materialize.ROW_BLOCK_BYTES", 4 * k * 256)  # blocks of 256 output rows
+    monkeypatch.setattr(awq_gptq, "PACKED_ROWS_BYTES", 2**20)
+    resident = []  # qweight's resident bytes as each run is handed back, and after each block
+    release = awq_gptq.release
+    monkeypatch.setattr(awq_gptq, "release", lambda view: resident.append(mapped_rss(tmp_path / "qweight"))
+                        or release(view))
+    weight = Weight((n, k), np.float32, layer.float32, ("x",), by_rows=True).astype(np.float16)
+    for _ in weight._row_blocks():
+        resident.append(mapped_rss(tmp_path / "qweight"))
+    # A fault may map a whole large folio of the page cache (2 MB on this machine's ext4, the most
+    # seen here): a run's MB and a folio at either end.
+    assert len(resident) > n // 256 and max(resident) <= 4 * 2**20, max(resident)

@@ -1,6 +1,7 @@
 """Lazy weights: concatenations and stacks are exact, and are written part by part into the
 output instead of being assembled first and copied again."""
 
+import contextlib
 import tracemalloc
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 import pytest
+from helpers import mapped_rss
 
 from builder.blocks.moe import quantized_experts
 from builder.graph import Graph
@@ -159,6 +161,9 @@ BY_ROWS = {  # recipe -> whether its value comes a block of rows at a time (Weig
     "map": (lambda a, b: a.map(lambda w: w + 1), False),
     "map-rows": (lambda a, b: a.map_rows(lambda: lambda rows, start, stop: rows * 2), True),
     "map-rows-cast": (lambda a, b: a.map_rows(lambda: lambda rows, start, stop: rows * 2).astype(np.float16), True),
+    # Rows of a value computed whole (a GGUF q_proj's un-permuted float rows under a LoRA merge).
+    "map-rows-of-a-map": (lambda a, b: a.map(lambda w: w + 1).map_rows(lambda: lambda rows, start, stop: rows * 2),
+                          False),
 }
 
 
@@ -330,3 +335,23 @@ def test_computed_rows_cast_into_a_concatenation_are_never_whole():
     peak = traced_peak(joined.numpy)
     out = 4008 * 1000 * 4
     assert peak < out + 2**21, f"peak {peak / 2**20:.1f} MB for a {out / 2**20:.1f} MB result"
+
+
+def test_a_cast_of_a_concatenation_hands_back_its_parts_pages(tmp_path):
+    # release() looked for a concatenation's parts before unwrapping the cast around it, so a cast
+    # fused q/k/v kept every part's mapped pages.
+    from safetensors.numpy import save_file
+
+    from builder.inputs.mapping import release
+    from builder.materialize import PendingCast, PendingConcat
+
+    save_file({"a": np.ones((1024, 1024), np.float32), "b": np.ones((1024, 1024), np.float32)},
+              tmp_path / "m.safetensors")
+    checkpoint = SafetensorsCheckpoint.open(tmp_path)
+    with contextlib.ExitStack() as stack:
+        parts = [checkpoint.weight(n)._compute(stack) for n in ("a", "b")]
+        value = PendingCast(PendingConcat(parts, 0), np.dtype(np.float64))
+        assert np.asarray(value).sum() == 2 * 1024 * 1024  # every page read
+        assert mapped_rss(tmp_path / "m.safetensors") >= 4 * 2**20
+        release(value)
+        assert mapped_rss(tmp_path / "m.safetensors") < 64 * 1024  # the header's page and the parts' edges

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 
 from builder.errors import BuildError
-from builder.inputs.mapping import TensorInfo, mapped
+from builder.inputs.mapping import TensorInfo, mapped, release
 from builder.inputs.safetensors import ReadQuantizationSource, SafetensorsCheckpoint, read_headers
 from builder.lazy import Weight
 from builder.materialize import ComputedRows
@@ -121,6 +121,10 @@ def _columns(words: np.ndarray, bits: int, start: int, stop: int, awq: bool) -> 
     return fields[:, start - first * per:stop - first * per]
 
 
+# qweight's bytes decoded between two releases of their mapped pages (QuantizedLinear.float32).
+PACKED_ROWS_BYTES = 4 * 2**20
+
+
 @dataclass(frozen=True)
 class QuantizedLinear:
     """The packed tensors of one layer and what they decode to."""
@@ -171,10 +175,26 @@ class QuantizedLinear:
         qzeros = stack.enter_context(mapped(self.qzeros))
         scales = stack.enter_context(mapped(self.scales))
 
+        # A block of output rows is a stripe of qweight's columns, which touches a page of each of
+        # its rows: it is decoded a run of qweight's rows at a time, each run's pages handed back,
+        # or the whole packed tensor would be resident (112 MB for a 70B MLP matrix).
+        per = 1 if self.fmt.method == "awq" else 32 // self.fmt.bits  # input rows a qweight row holds
+        step = max(1, PACKED_ROWS_BYTES // max(1, qweight[:1].nbytes))
+
         def rows(start: int, stop: int) -> np.ndarray:
-            w = self._codes(qweight, start, stop).astype(np.float32)
-            w -= self._zeros(qzeros, start, stop).astype(np.float32)[group].T
-            w *= np.asarray(scales[:, start:stop], np.float32)[group].T
+            zeros = self._zeros(qzeros, start, stop).astype(np.float32)
+            scale = np.asarray(scales[:, start:stop], np.float32)
+            w = np.empty((stop - start, self.k), np.float32)
+            for r in range(0, qweight.shape[0], step):
+                packed = qweight[r : r + step]
+                k0, k1 = r * per, min(self.k, (r + len(packed)) * per)
+                part, g = w[:, k0:k1], group[k0:k1]
+                np.copyto(part, self._codes(packed, start, stop))
+                part -= zeros[g].T
+                part *= scale[g].T
+                release(packed)
+            release(qzeros)
+            release(scales)
             return w
 
         return ComputedRows(rows, (self.n, self.k))

@@ -89,8 +89,11 @@ def _dequantized(t: GGUFTensor):
         raw = stack.enter_context(mapped(t.raw))
 
         def rows(start: int, stop: int) -> np.ndarray:
-            if t.rows is not None:
-                return decode(raw[t.rows[start:stop]])
+            if t.rows is not None:  # un-permuted: gathered from the source rows of the same heads
+                order = t.rows[start:stop]
+                out = decode(raw[order])
+                release(raw[order.min():order.max() + 1])
+                return out
             piece = raw[start:stop]
             out = decode(piece)
             release(piece)
