@@ -168,9 +168,9 @@ def mapped_rss(path: Path) -> int:
     total, ours = 0, False
     with open("/proc/self/smaps") as smaps:
         for line in smaps:
-            head = line.split()
+            head = line.split(maxsplit=5)  # address, perms, offset, device, inode, the path (spaces kept)
             if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):  # a mapping's header
-                ours = len(head) >= 6 and head[5] == str(path)
+                ours = len(head) == 6 and head[5].rstrip("\n").removesuffix(" (deleted)") == str(path)
             elif ours and head[:1] == ["Rss:"]:
                 total += int(head[1]) * 1024
     return total

@@ -179,6 +179,8 @@ class QuantizedLinear:
         # its rows: it is decoded a run of qweight's rows at a time, each run's pages handed back,
         # or the whole packed tensor would be resident (112 MB for a 70B MLP matrix).
         per = 1 if self.fmt.method == "awq" else 32 // self.fmt.bits  # input rows a qweight row holds
+        if qweight.shape[0] * per != self.k:
+            raise ValueError(f"{self.qweight.name}: {qweight.shape[0]} rows of {per} inputs, not {self.k}")
         step = max(1, PACKED_ROWS_BYTES // max(1, qweight[:1].nbytes))
 
         def rows(start: int, stop: int) -> np.ndarray:

@@ -92,7 +92,8 @@ def _dequantized(t: GGUFTensor):
             if t.rows is not None:  # un-permuted: gathered from the source rows of the same heads
                 order = t.rows[start:stop]
                 out = decode(raw[order])
-                release(raw[order.min():order.max() + 1])
+                if len(order):
+                    release(raw[order.min():order.max() + 1])
                 return out
             piece = raw[start:stop]
             out = decode(piece)
