@@ -65,6 +65,9 @@ class Graph:
         self.position_ids: ir.Value | None = None
         # an int8 KV cache's scales: a layer's past key input -> (k_scale, v_scale) initializers
         self.kv_scales: dict[ir.Value, tuple[ir.Value, ir.Value]] = {}
+        # a weight is quantized from float values as it is written (the compiled quantizer loads),
+        # not only repacked from a checkpoint's stored blocks: what report.estimate counts
+        self.quantizes = False
 
     @contextlib.contextmanager
     def scope(self, *parts: str) -> Iterator[None]:

@@ -171,7 +171,7 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     generation = inp.generation_config(info.vocab_size)
     sources = dict(g.sources)
     stored: set = set()  # the values the models before store (a tied vocabulary: writer.save_models)
-    estimates = {MODEL_STEM: estimate(model, _source_bytes(checkpoint, g.sources), g.members, stored)}
+    estimates = {MODEL_STEM: estimate(model, _source_bytes(checkpoint, g.sources), g.members, stored, g.quantizes)}
     for stem, part in package.models.items() if package is not None else ():
         if target.standard_ops:
             check_standard_ops(part, f"{names[0]}'s {stem} model")

@@ -19,7 +19,7 @@ BASE_RSS = 128 * 2**20
 # float32 temporaries of one quantization chunk (input, codes, rounding), per writer thread.
 QUANTIZE_SCRATCH = 6 * 4 * ROW_CHUNK_ELEMENTS
 # The compiled quantizer's code once loaded (numba and llvmlite; measured 105 MB), in a build that
-# quantizes.
+# quantizes float values (not one that keeps a GGUF's stored blocks).
 QUANTIZER_RSS = 112 * 2**20
 QUANTIZED_OPS = ("com.microsoft::MatMulNBits", "com.microsoft::GatherBlockQuantized", "com.microsoft::QMoE",
                  "DequantizeLinear")
@@ -38,11 +38,12 @@ def _weights(model: ir.Model):
 
 
 def estimate(model: ir.Model, sources: dict[str, list[int]], members: dict[str, int] | None = None,
-             stored: set | None = None) -> Estimate:
+             stored: set | None = None, quantizes: bool | None = None) -> Estimate:
     """`sources`: for each initializer, the bytes of each checkpoint tensor its recipe reads;
     `members`: the initializers written one member at a time (stacks of experts), how many;
     `stored`: the content keys the models written before this one store (their values are not
-    written again: writer.save_models); this model's are added."""
+    written again: writer.save_models); this model's are added. `quantizes`: weights are quantized
+    from float values as they are written (Graph.quantizes; None: any quantized operator says so)."""
     tensors = _weights(model)
     stored = set() if stored is None else stored
     external = data_tensors(model, stored)
@@ -69,7 +70,8 @@ def estimate(model: ir.Model, sources: dict[str, list[int]], members: dict[str, 
 
     per_tensor = sorted((transient(t) for t in external), reverse=True)
     ops = collections.Counter(f"{n.domain + '::' if n.domain else ''}{n.op_type}" for n in model.graph.all_nodes())
-    quantizes = any(op in ops for op in QUANTIZED_OPS)
+    if quantizes is None:
+        quantizes = any(op in ops for op in QUANTIZED_OPS)
     peak = BASE_RSS + sum(per_tensor[:MAX_WORKERS]) + quantizes * (MAX_WORKERS * QUANTIZE_SCRATCH + QUANTIZER_RSS)
     return Estimate(data, proto, peak, dict(sorted(ops.items())))
 

@@ -65,6 +65,7 @@ def quantized_weight(g: Graph, weight: Weight, q: Quantization, scale_dtype: np.
     need its zero points packed over the whole table (Quantization.flat_lookup_zero_points)."""
     if weight.blocks is not None:
         return _stored_blocks(g, weight, scale_dtype, q.qdq, lookup and q.flat_lookup_zero_points)
+    g.quantizes = True
     bits = bits or q.bits
     n, k = weight.shape
     k_blocks = -(-k // q.block_size)

@@ -113,6 +113,7 @@ def quantized_experts(g: Graph, parts: Sequence[Sequence[Weight]], q: Quantizati
     """QMoE's (weights [E, N, K·bits/8], scales [E, N, K/block], zero points) for experts whose rows
     are the rows of `parts` interleaved (gate and up) or of one part (down); each expert quantized
     alone, with the dense build's quantizer, so its codes are MatMulNBits' codes."""
+    g.quantizes = True
     e, (n, k), ways = len(parts[0]), parts[0][0].shape, len(parts)
     data_shape, scales_shape, zp_shape = packed_shapes(n * ways, k, q.bits, q.block_size)
     data_shape = (e, data_shape[0], k * q.bits // 8)  # QMoE's rows hold K codes: a short last block's padding is cut
