@@ -85,6 +85,18 @@ class FilledArray:
         self.array = array
 
 
+def _row_range(index, count: int) -> tuple[int, int] | None:
+    """(start, stop) where `index` takes whole rows [start, stop) of `count` (a step-1 slice, alone
+    or followed by `:` for the other axes), else None."""
+    rows, rest = (index[0], index[1:]) if isinstance(index, tuple) and index else (index, ())
+    if not isinstance(rows, slice) or rows.step not in (None, 1):
+        return None
+    if not all(isinstance(i, slice) and i == slice(None) for i in rest):
+        return None
+    start, stop, _ = rows.indices(count)
+    return start, max(start, stop)
+
+
 class PendingConcat:
     """Parts joined along `axis`, not yet copied: `materialized` writes each part into its slice of
     the output; row slices (the quantizer's chunks) touch only the parts they cover."""
@@ -110,11 +122,10 @@ class PendingConcat:
         return PendingConcat([p.T for p in self.parts], len(self.parts[0].shape) - 1 - self.axis)
 
     def __getitem__(self, index):
-        rows, rest = (index[0], index[1:]) if isinstance(index, tuple) and index else (index, ())
-        whole_rows = all(isinstance(i, slice) and i == slice(None) for i in rest)
-        if self.axis != 0 or not whole_rows or not isinstance(rows, slice) or rows.step not in (None, 1):
+        rows = _row_range(index, self.shape[0])
+        if self.axis != 0 or rows is None:
             return np.asarray(self)[index]
-        start, stop, _ = rows.indices(self.shape[0])
+        start, stop = rows
         pieces, offset = [], 0
         for p in self.parts:
             low, high = max(start - offset, 0), min(stop - offset, p.shape[0])
@@ -158,13 +169,10 @@ class ComputedRows:
         return ComputedRows(self.rows, self.shape[::-1], self.block, not self.transposed, self.dtype)
 
     def __getitem__(self, index):
-        rest = index[1:] if isinstance(index, tuple) else ()
-        rows = index[0] if isinstance(index, tuple) and index else index
-        whole_rows = all(isinstance(i, slice) and i == slice(None) for i in rest)
-        if self.transposed or not whole_rows or not isinstance(rows, slice) or rows.step not in (None, 1):
+        rows = _row_range(index, self.shape[0])
+        if self.transposed or rows is None:
             return np.asarray(self)[index]
-        start, stop, _ = rows.indices(self.shape[0])
-        stop = max(start, stop)
+        start, stop = rows
         return ComputedRows(lambda a, b: self.rows(start + a, start + b), (stop - start, self.shape[1]), self.block,
                             dtype=self.dtype)
 
