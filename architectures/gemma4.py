@@ -19,7 +19,7 @@ Gemma 3's layer (sandwich norms, √hidden embedding scale, tanh-GELU, q/k norms
   projection of the embeddings, give each layer a P-wide input that gates a branch after its MLP.
 - Each layer's output is multiplied by its stored `layer_scalar`; the final logits soft-capped.
 - The MoE block (`enable_moe_block`, gemma-4-26B-A4B): GeGLU experts beside the dense MLP, routed
-  from the residual. ONNX Runtime 1.31's MoE/QMoE CPU kernels run SwiGLU only, so the experts run
+  from the residual. ONNX Runtime's MoE/QMoE CPU kernels (1.31, 1.32) run SwiGLU only, so the experts run
   densely, exactly: every expert for every token as two stacked linears ([E·2I, H] and [H, E·I],
   quantized as any linear), each expert's activation times its routing weight (0 off the top k).
   That is num_experts / top_k_experts times the expert compute of a sparse kernel (a warning says so).

@@ -162,8 +162,9 @@ def sparse_moe(
         scores = linear(g, x, router, replace(target, quantization=None))  # (B, S, E)
         logits = g.op.Reshape(scores, g.constant([-1, len(gate)], "int64"))  # (B·S, E)
     # Always normalized: ONNX Runtime 1.31's CPU MoE with normalize_routing_weights=0 returns wrong
-    # values when its output feeds another node (tests/test_family_moe.py shows it); an
-    # un-normalized router's output is the normalized one times the sum of its top-k probabilities.
+    # values when its output feeds another node (fixed in 1.32; tests/test_family_moe.py shows both),
+    # and users still run 1.31; an un-normalized router's output is the normalized one times the sum
+    # of its top-k probabilities.
     attributes = dict(k=top_k, activation_type="swiglu", swiglu_fusion=1, activation_alpha=1.0, activation_beta=0.0,
                       normalize_routing_weights=1)
     y = _experts(g, x, logits, gate, up, down, attributes, target)
