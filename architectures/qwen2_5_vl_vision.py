@@ -13,8 +13,13 @@ over each merge x merge group of patches) makes one token per group.
 transformers reorders the patches window by window (get_window_index) so that each window is a
 contiguous run, and puts the merged tokens back at the end. Attention within a set of patches
 does not depend on their order, and everything else is per patch (or per merge group, which the
-reordering keeps together), so here the patches stay in the processor's order and attention is
-masked to pairs in the same window (or frame): the same sums, no permutation.
+reordering keeps together), so here the patches stay in the processor's order and only attention
+sees them grouped (AttentionGroups): a frame's patches are a contiguous run, so the full blocks
+attend over (frames, h·w) with no mask; the window blocks gather each window's patches into a
+slot of window² patches, edge windows padded with masked keys, and scatter the result back. A
+window block so costs N · window² instead of N², and no block holds an (N, N) mask or score
+matrix: ONNX Runtime's CPU attention materializes every score when given a bias, and tiles them
+without one.
 
 The graph is dynamic in the grid: pixel_values (patches, C·T·P·P) and image_grid_thw (1, 3)
 int64, one image per call (onnxruntime-genai calls it once per image when the grid's first
@@ -39,8 +44,8 @@ from builder.hf_config import from_dict
 from builder.inputs.source import Checkpoint
 from builder.target import Target
 
-__all__ = ["TOWER_PREFIXES", "Patches", "Qwen2_5_VLVisionConfig", "VisionGeometry", "attention", "build", "parse_config", "patches",
-           "same_key_bias", "vision_model", "vision_rotary"]
+__all__ = ["TOWER_PREFIXES", "AttentionGroups", "Patches", "Qwen2_5_VLVisionConfig", "VisionGeometry", "attention", "build",
+           "frames", "parse_config", "patches", "vision_model", "vision_rotary"]
 
 # The hub's layout, then transformers 5's module path.
 TOWER_PREFIXES = ("visual.", "model.visual.")
@@ -151,12 +156,67 @@ def patches(g: Graph, pixels: ir.Value, grid: ir.Value, merge: int) -> Patches:
 
 
 @dataclass(frozen=True)
+class AttentionGroups:
+    """Which patches attend to which, as MultiHeadAttention's batch: `gather` lays a (1, N, E)
+    tensor out as (groups, group length, E), `scatter` puts the attention's output back in patch
+    order. Frames are contiguous runs of one length, a reshape; windows are gathered into slots
+    (`slots`: each patch's, `rows`: each slot's patch or N for a padded one, whose key `bias` masks)."""
+
+    length: ir.Value  # (1,) int64: a group's length
+    slots: ir.Value | None = None  # (N,) int64
+    rows: ir.Value | None = None  # (groups · length,) int64
+    bias: ir.Value | None = None  # (groups, 1, length, length): 0 for a patch's key, the dtype's lowest for padding
+
+    def gather(self, g: Graph, x: ir.Value, width: int) -> ir.Value:
+        shape = g.op.Concat(g.constant([-1], np.int64), self.length, g.constant([width], np.int64), axis=0)
+        if self.rows is None:
+            return g.op.Reshape(x, shape)  # (1, N, E) -> (frames, h·w, E)
+        flat = g.op.Squeeze(x, g.constant([0], np.int64))  # (N, E)
+        padded = g.op.Pad(flat, g.constant([0, 0, 1, 0], np.int64))  # row N: zeros for the empty slots
+        return g.op.Reshape(g.op.Gather(padded, self.rows, axis=0), shape)  # (windows, window², E)
+
+    def scatter(self, g: Graph, x: ir.Value) -> ir.Value:
+        if self.rows is None:
+            return g.op.Reshape(x, g.constant([1, -1, 0], np.int64))  # (frames, h·w, E) -> (1, N, E)
+        flat = g.op.Flatten(x, axis=2)  # (windows · window², E)
+        return g.op.Unsqueeze(g.op.Gather(flat, self.slots, axis=0), g.constant([0], np.int64))
+
+
+def frames(g: Graph, p: Patches) -> AttentionGroups:
+    """Each frame's patches attend to each other (Qwen-VL's full-attention blocks)."""
+    return AttentionGroups(g.op.Reshape(g.op.Mul(p.height, p.width), g.constant([1], np.int64)))
+
+
+def windows(g: Graph, p: Patches, side: int, target: Target) -> AttentionGroups:
+    """The patches of each `side` x `side` window of a frame attend to each other, windows from the
+    frame's top left (get_vision_window_index's). A window's slots are its row-major places, so an
+    edge window's missing rows and columns are padded slots."""
+    i64 = lambda v: g.constant(v, np.int64)  # noqa: E731
+    dtype = np.dtype(target.io_dtype)
+    length = side * side
+    across, down = (g.op.Div(g.op.Add(n, i64(side - 1)), i64(side)) for n in (p.width, p.height))  # windows a frame
+    window = g.op.Add(g.op.Mul(g.op.Add(g.op.Mul(p.frame, down), g.op.Div(p.row, i64(side))), across),
+                      g.op.Div(p.col, i64(side)))
+    place = g.op.Add(g.op.Mul(g.op.Mod(p.row, i64(side)), i64(side)), g.op.Mod(p.col, i64(side)))
+    slots = g.op.Add(g.op.Mul(window, i64(length)), place)  # (N,)
+    count = g.op.Shape(p.index)  # (1,): N
+    frame_count = g.op.Div(count, g.op.Reshape(g.op.Mul(p.height, p.width), i64([1])))
+    total = g.op.Mul(g.op.Mul(g.op.Mul(frame_count, g.op.Unsqueeze(down, i64([0]))), g.op.Unsqueeze(across, i64([0]))),
+                     i64([length]))  # (1,): windows · window²
+    rows = g.op.ScatterElements(g.op.Expand(g.op.Squeeze(count, i64([0])), total), slots, p.index, axis=0)
+    real = g.op.Reshape(g.op.Less(rows, g.op.Squeeze(count, i64([0]))), i64([-1, 1, 1, length]))
+    bias = g.op.Where(real, g.constant(0.0, dtype), g.constant(np.finfo(dtype).min, dtype))  # (windows, 1, 1, window²)
+    bias = g.op.Expand(bias, i64([1, 1, length, 1]))  # every query row alike
+    return AttentionGroups(i64([length]), slots, rows, bias)
+
+
+@dataclass(frozen=True)
 class PatchLayout:
-    """Per patch, from the grid: its rotary tables and the attention biases of the two block kinds."""
+    """Per patch, from the grid: its rotary tables and the attention groups of the two block kinds."""
 
     rotary: MultimodalRotary
-    full: ir.Value  # (1, 1, N, N): 0 within a frame, the dtype's lowest elsewhere
-    window: ir.Value  # (1, 1, N, N): 0 within a window of a frame, the dtype's lowest elsewhere
+    full: AttentionGroups  # each frame
+    window: AttentionGroups  # each window of a frame
 
 
 def patch_layout(g: Graph, pixels: ir.Value, grid: ir.Value, c: Qwen2_5_VLVisionConfig, target: Target) -> PatchLayout:
@@ -164,12 +224,8 @@ def patch_layout(g: Graph, pixels: ir.Value, grid: ir.Value, c: Qwen2_5_VLVision
     patches of the same window (get_vision_window_index's windows of window_units merge groups)."""
     with g.scope("model", "visual", "patch_layout"):
         p = patches(g, pixels, grid, c.spatial_merge_size)
-        units = g.constant(c.window_units, np.int64)
-        # A window's key, unique within the image: (frame, window row, window column).
-        window = g.op.Add(g.op.Mul(g.op.Add(g.op.Mul(p.frame, p.height), g.op.Div(p.group_row, units)), p.width),
-                          g.op.Div(p.group_col, units))
         rotary = vision_rotary(g, p, c.head_dim, c.rope_theta, target)
-        return PatchLayout(rotary, same_key_bias(g, p.frame, target), same_key_bias(g, window, target))
+        return PatchLayout(rotary, frames(g, p), windows(g, p, c.window_units * c.spatial_merge_size, target))
 
 
 def vision_rotary(g: Graph, p: Patches, head_dim: int, theta: float, target: Target) -> MultimodalRotary:
@@ -187,18 +243,10 @@ def vision_rotary(g: Graph, p: Patches, head_dim: int, theta: float, target: Tar
     return MultimodalRotary(cos, sin, head_dim, _positions=[places])
 
 
-def same_key_bias(g: Graph, key: ir.Value, target: Target) -> ir.Value:
-    """(1, 1, N, N) attention bias: 0 where two patches share `key`, the dtype's lowest elsewhere."""
-    dtype = np.dtype(target.io_dtype)
-    same = g.op.Equal(g.op.Unsqueeze(key, g.constant([1], np.int64)), g.op.Unsqueeze(key, g.constant([0], np.int64)))
-    bias = g.op.Where(same, g.constant(0.0, dtype), g.constant(np.finfo(dtype).min, dtype))  # (N, N)
-    return g.op.Unsqueeze(bias, g.constant([0, 1], np.int64))
-
-
-def attention(g: Graph, h: ir.Value, a: Weights, hidden: int, heads: int, rotary: MultimodalRotary, bias: ir.Value,
-              target: Target) -> ir.Value:
+def attention(g: Graph, h: ir.Value, a: Weights, hidden: int, heads: int, rotary: MultimodalRotary,
+              groups: AttentionGroups, target: Target) -> ir.Value:
     """Qwen2_5_VLVisionAttention (and Qwen3-VL's): fused qkv with bias, the 2-D rotary on q and k,
-    attention in both directions where `bias` allows, proj with bias."""
+    attention in both directions within each of `groups`, proj with bias."""
     with g.scope("qkv"):
         qkv = linear(g, h, a("qkv.weight", 3 * hidden, hidden), target, a("qkv.bias", 3 * hidden))  # (1, N, 3H)
     q, k, v = g.op.Split(qkv, g.constant([hidden] * 3, np.int64), axis=-1, _outputs=3)  # q | k | v, heads within
@@ -206,19 +254,21 @@ def attention(g: Graph, h: ir.Value, a: Weights, hidden: int, heads: int, rotary
         q = rotary.rotate(g, q, heads, None, False)
     with g.scope("k_rotary"):
         k = rotary.rotate(g, k, heads, None, False)
-    h = g.ms.MultiHeadAttention(q, k, v, None, None, bias, num_heads=heads, scale=(hidden // heads) ** -0.5)
+    q, k, v = (groups.gather(g, x, hidden) for x in (q, k, v))
+    h = g.ms.MultiHeadAttention(q, k, v, None, None, groups.bias, num_heads=heads, scale=(hidden // heads) ** -0.5)
+    h = groups.scatter(g, h)
     with g.scope("proj"):
         return linear(g, h, a("proj.weight", hidden, hidden), target, a("proj.bias", hidden))
 
 
 def block(g: Graph, stream: ResidualStream, w: Weights, c: Qwen2_5_VLVisionConfig, rotary: MultimodalRotary,
-          bias: ir.Value, target: Target) -> None:
+          groups: AttentionGroups, target: Target) -> None:
     """Qwen2_5_VLVisionBlock.forward: x + attn(norm1(x)), then x + mlp(norm2(x))."""
     H, I = c.hidden_size, c.intermediate_size
     with g.scope("norm1"):
         h = stream.norm(w("norm1.weight", H))
     with g.scope("attn"):
-        stream.add(attention(g, h, w.under("attn."), H, c.num_heads, rotary, bias, target))
+        stream.add(attention(g, h, w.under("attn."), H, c.num_heads, rotary, groups, target))
     with g.scope("norm2"):
         h = stream.norm(w("norm2.weight", H))
     m = w.under("mlp.")
@@ -245,8 +295,8 @@ def build(g: Graph, pixels: ir.Value, grid: ir.Value, ckpt: Checkpoint, c: Qwen2
     stream = ResidualStream(g, x, NORM_EPS, target, np.float32 if target.io_dtype == np.float16 else None)
     for i in range(c.depth):
         with g.scope("model", "visual", f"blocks.{i}"):
-            bias = layout.full if i in c.fullatt_block_indexes else layout.window
-            block(g, stream, tower.under(f"blocks.{i}."), c, layout.rotary, bias, target)
+            groups = layout.full if i in c.fullatt_block_indexes else layout.window
+            block(g, stream, tower.under(f"blocks.{i}."), c, layout.rotary, groups, target)
     merger = tower.under("merger.")
     wide = H * m * m
     with g.scope("model", "visual", "merger"):

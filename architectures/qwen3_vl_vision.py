@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from architectures.qwen2_5_vl_vision import (TOWER_PREFIXES, Patches, VisionGeometry, attention, patches,
-                                             same_key_bias, vision_rotary)
+from architectures.qwen2_5_vl_vision import (TOWER_PREFIXES, AttentionGroups, Patches, VisionGeometry, attention,
+                                             frames, patches, vision_rotary)
 from builder.architecture import Weights, prefix_holding
 from builder.blocks import ResidualStream, activation, layer_norm, linear, plain_mlp
 from builder.config_checks import config_object
@@ -124,14 +124,14 @@ def merger(g: Graph, x: ir.Value, w: Weights, c: Qwen3VLVisionConfig, target: Ta
                       w("linear_fc2.bias", c.out_hidden_size))  # (N / m², out_hidden_size)
 
 
-def block(g: Graph, stream: ResidualStream, w: Weights, c: Qwen3VLVisionConfig, rotary, bias: ir.Value,
+def block(g: Graph, stream: ResidualStream, w: Weights, c: Qwen3VLVisionConfig, rotary, groups: AttentionGroups,
           target: Target) -> None:
     """Qwen3VLVisionBlock.forward: x + attn(norm1(x)), then x + mlp(norm2(x)), LayerNorms."""
     H, I = c.hidden_size, c.intermediate_size
     with g.scope("norm1"):
         h = stream.norm(w("norm1.weight", H), w("norm1.bias", H))
     with g.scope("attn"):
-        stream.add(attention(g, h, w.under("attn."), H, c.num_heads, rotary, bias, target))
+        stream.add(attention(g, h, w.under("attn."), H, c.num_heads, rotary, groups, target))
     with g.scope("norm2"):
         h = stream.norm(w("norm2.weight", H), w("norm2.bias", H))
     m = w.under("mlp.")
@@ -149,7 +149,7 @@ def build(g: Graph, pixels: ir.Value, grid: ir.Value, ckpt: Checkpoint, c: Qwen3
     with g.scope("model", "visual", "patch_layout"):
         p = patches(g, pixels, grid, c.spatial_merge_size)
         rotary = vision_rotary(g, p, c.head_dim, c.rope_theta, target)
-        bias = same_key_bias(g, p.frame, target)  # every block: the whole frame
+        groups = frames(g, p)  # every block: the whole frame
     with g.scope("model", "visual", "patch_embed", "proj"):
         T, P = c.temporal_patch_size, c.patch_size
         kernel = tower("patch_embed.proj.weight", H, c.in_channels, T, P, P).reshaped(H, c.patch_values)
@@ -164,7 +164,7 @@ def build(g: Graph, pixels: ir.Value, grid: ir.Value, ckpt: Checkpoint, c: Qwen3
     deepstack = []
     for i in range(c.depth):
         with g.scope("model", "visual", f"blocks.{i}"):
-            block(g, stream, tower.under(f"blocks.{i}."), c, rotary, bias, target)
+            block(g, stream, tower.under(f"blocks.{i}."), c, rotary, groups, target)
         if i in c.deepstack_visual_indexes:
             j = c.deepstack_visual_indexes.index(i)
             with g.scope("model", "visual", f"deepstack_merger_list.{j}"):

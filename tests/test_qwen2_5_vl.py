@@ -197,6 +197,40 @@ def test_image_features_match_transformers_on_any_grid(package, reference, grid)
     assert relative_error(got, expected.numpy()) < 1e-4
 
 
+# Encodes a 64 x 64 patch grid (N = 4096) after a warm-up on a small one, and prints how far the
+# process's high-water mark rose over the second encode.
+LARGE_IMAGE_CHILD = """
+import json, sys
+import numpy as np, onnxruntime as ort
+def high_water():
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+options = ort.SessionOptions()
+options.intra_op_num_threads = 1
+session = ort.InferenceSession(sys.argv[1], options, providers=["CPUExecutionProvider"])
+def encode(t, h, w):
+    pixels = np.random.default_rng(0).standard_normal((t * h * w, 1176)).astype(np.float32)
+    return session.run(None, {"pixel_values": pixels, "image_grid_thw": np.array([[t, h, w]], np.int64)})[0]
+encode(1, 12, 20)
+with open("/proc/self/clear_refs", "w") as refs:
+    refs.write("5")
+base = high_water()
+encode(1, 64, 64)
+print(json.dumps({"growth": high_water() - base}))
+"""
+
+
+def test_a_large_image_is_encoded_without_patch_by_patch_matrices(package):
+    # Attention under an (N, N) bias made ONNX Runtime hold every score: at N = 4096 the biases and
+    # this tiny tower's 4 heads of scores rose 455 MB; by windows and frames 55 MB (19 MB of them
+    # the pixels, the rest per-patch tensors and ONNX Runtime's arena).
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", LARGE_IMAGE_CHILD, str(package / "vision.onnx")], capture_output=True,
+                         text=True, check=True)
+    growth = json.loads(out.stdout.strip().splitlines()[-1])["growth"]
+    assert growth < 120 * 2**20, f"{growth / 2**20:.0f} MB"
+
+
 def pipeline_logits(folder, ids, pixels, grid, positions, next_id, dtype=np.float32):
     """Prefill of `ids` with the image at M-RoPE `positions` (3, 1, S), then one decode step at the
     next position: vision -> embedding -> decoder, as onnxruntime-genai runs them (zero
