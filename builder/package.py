@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import ml_dtypes
 import numpy as np
@@ -20,7 +20,7 @@ from builder.hf_config import read_json
 from builder.image_processor import PROCESSOR_FILE
 from builder.target import Target
 
-__all__ = ["Package", "preprocessor_config", "vision_target"]
+__all__ = ["ModelPackage", "Package", "preprocessor_config", "vision_target"]
 
 
 def preprocessor_config(folder: Path) -> dict[str, Any]:
@@ -36,6 +36,20 @@ def vision_target(target: Target) -> Target:
     dtype = np.dtype(np.float32) if target.io_dtype != np.float16 else target.io_dtype
     narrow = target.quantization is not None or target.io_dtype == ml_dtypes.bfloat16
     return Target(io_dtype=dtype, execution_provider=target.execution_provider, narrow_float_matrices=narrow)
+
+
+class ModelPackage(Protocol):
+    """What the pipeline reads of any package: this module's Package (images and text) or
+    architectures/whisper.py's (speech). Each model is planned, estimated and written beside
+    model.onnx, the processor file with them, and `genai_config` rewrites the decoder's config."""
+
+    models: dict[str, ir.Model]  # file stem -> model
+    sources: dict[str, dict[str, tuple[str, ...]]]  # file stem -> initializer -> checkpoint tensors read
+    processor: dict[str, Any]
+    processor_file: str
+    ignored: tuple[str, ...]  # checkpoint tensors no model reads, on purpose
+
+    def genai_config(self, config: dict[str, Any]) -> dict[str, Any]: ...
 
 
 @dataclass

@@ -32,6 +32,7 @@ from builder.lazy import Weight
 from builder.providers import Provider
 from builder.options import BuildOptions
 from builder.output_folder import check_output
+from builder.package import ModelPackage
 from builder.preflight import (
     check_context_length,
     check_float_layers,
@@ -65,7 +66,7 @@ class Plan:
     graph_sources: dict[str, tuple[str, ...]]  # initializer -> the checkpoint tensors it reads
     source: Source  # what `folder` holds, in its format (and the files that format writes into the output)
     adapter: Adapter | None = None  # a LoRA adapter merged into the weights
-    package: Any = None  # a package's other models (architectures.PACKAGES: builder.package.Package, Whisper's), or None
+    package: ModelPackage | None = None  # a package's other models (builder.package.Package, Whisper's), or None
     estimates: dict[str, Estimate] | None = None  # each model's own (file stem -> estimate)
     target: Any = None  # the Target the model was built for (the options' with what the checkpoint decided)
 
