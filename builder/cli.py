@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from builder import config_file
@@ -213,16 +214,30 @@ def _main(argv: Sequence[str] | None, received: list[int]) -> int:
     except KeyboardInterrupt as e:
         if flags["debug"]:
             raise
-        published = getattr(e, "folder", None)  # publish.InterruptedAfterPublishing: the build had finished
-        if published is not None:
-            print(f"error: interrupted; {published} was already complete", file=sys.stderr)
-        elif out is not None:
-            print(f"error: interrupted while verifying; {out} is built but not verified", file=sys.stderr)
-        else:
-            print("error: interrupted; nothing was written", file=sys.stderr)
-        return 128 + (received[-1] if received else signal.SIGINT)
+        return _interrupted(e, out, received)
+    except Exception as e:
+        # The signal handler's KeyboardInterrupt can surface as another exception when it is raised
+        # inside the interpreter's own code: in threading.Condition.wait between releasing and
+        # re-taking its lock, `with` then fails with "RuntimeError: release unlocked lock". A signal
+        # received means the build was interrupted (the staging folder is gone all the same).
+        if flags["debug"] or not received:
+            raise
+        return _interrupted(e, out, received)
     _say(str(out))
     return 0
+
+
+def _interrupted(e: BaseException, out: Path | None, received: list[int]) -> int:
+    """Says what an interruption left (publish.InterruptedAfterPublishing: a finished build) and
+    returns 128 + the signal."""
+    published = getattr(e, "folder", None)
+    if published is not None:
+        print(f"error: interrupted; {published} was already complete", file=sys.stderr)
+    elif out is not None:
+        print(f"error: interrupted while verifying; {out} is built but not verified", file=sys.stderr)
+    else:
+        print("error: interrupted; nothing was written", file=sys.stderr)
+    return 128 + (received[-1] if received else signal.SIGINT)
 
 
 def list_architectures() -> str:

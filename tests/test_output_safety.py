@@ -333,6 +333,27 @@ def test_a_signal_as_the_staging_folder_is_made_leaves_nothing(tmp_path, capsys,
     assert list(out.parent.iterdir()) == []
 
 
+def test_a_signal_inside_the_interpreters_locks_is_still_an_interruption(tmp_path, capsys, monkeypatch):
+    # SIGTERM's KeyboardInterrupt, raised while the writer's thread pool re-took a Condition's lock,
+    # came out of threading as "RuntimeError: release unlocked lock": exit 1 and a traceback, once in
+    # CI (test_sigterm_is_an_interruption_that_leaves_nothing).
+    import builder.writer
+
+    def save_one_signalled(*args, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # handled at the next bytecode
+            time.sleep(5)
+        except KeyboardInterrupt:
+            raise RuntimeError("release unlocked lock")  # what threading.Condition.__exit__ raised
+
+    monkeypatch.setattr(builder.writer, "_save_one", save_one_signalled)
+    out = tmp_path / "parent" / "out"
+    out.parent.mkdir()
+    rc, err = run(capsys, "-m", EXAMPLE, "-o", out, "-q", "-p", "fp32")
+    assert (rc, err) == (143, "error: interrupted; nothing was written\n")
+    assert list(out.parent.iterdir()) == []
+
+
 def test_what_a_killed_build_leaves_is_removed_by_the_next_build(slow_checkpoint, tmp_path, capsys):
     out = tmp_path / "out"
     rc, _, _ = signalled_mid_build(slow_checkpoint, out, signal.SIGKILL)
