@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--llama-args", default="", help="more llama-bench arguments, one string (e.g. \"-mmp 0\": "
+                    "weights read into memory instead of mapped)")
     ap.add_argument("--no-depth-decode", dest="depth_decode", action="store_false",
                     help="skip llama-bench's decode at depth --prompt (tg N @ d P)")
     args = ap.parse_args(argv)
@@ -64,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     vocab = json.loads((args.ours / "genai_config.json").read_text())["model"]["vocab_size"]
     measure(model, vocab, 16, 4, 0)  # warm-up, as decode_speed does (llama-bench warms up on its own)
 
-    common = ["-t", str(args.threads), "-r", "1"]
+    common = ["-t", str(args.threads), "-r", "1", *args.llama_args.split()]
     rows: dict[str, list[float]] = {k: [] for k in ("lc_pp", "lc_tg", "lc_tg_d", "our_pp", "our_tg")}
     for rnd in range(args.rounds):
         load = os.getloadavg()[0]
