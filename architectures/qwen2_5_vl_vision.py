@@ -17,9 +17,10 @@ reordering keeps together), so here the patches stay in the processor's order an
 sees them grouped (AttentionGroups): a frame's patches are a contiguous run, so the full blocks
 attend over (frames, h·w) with no mask; the window blocks gather each window's patches into a
 slot of window² patches, edge windows padded with masked keys, and scatter the result back. A
-window block so costs N · window² instead of N², and no block holds an (N, N) mask or score
-matrix: ONNX Runtime's CPU attention materializes every score when given a bias, and tiles them
-without one.
+window block so costs (windows · window²) · window² instead of N² (about N · window² once an image
+spans several windows; padding makes it more than that on an image smaller than one window), and
+no block holds an (N, N) mask or score matrix: ONNX Runtime's CPU attention materializes every
+score when given a bias, and tiles them without one.
 
 The graph is dynamic in the grid: pixel_values (patches, C·T·P·P) and image_grid_thw (1, 3)
 int64, one image per call (onnxruntime-genai calls it once per image when the grid's first
