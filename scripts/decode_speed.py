@@ -8,10 +8,10 @@ first) too.
 
 Each run loads its model in a fresh process (after a short warm-up run), as a user's program
 does. In one process the models loaded after the first decode faster: the same 1B int4 folder
-loaded twice read 16.4 and 19.0 tok/s, three times 15.1, 19.0 and 19.8 tok/s, so comparing models
-loaded side by side favoured the later ones (the cause is not pinned down; where glibc places the
-weights' buffers is the suspect: docs/BENCHMARKS.md, "Huge pages"). `--same-process` keeps that
-old protocol (faster: each model is loaded once).
+loaded twice read 16.4 and 19.0 tok/s (an hour later 20.7 and 21.6), three times 15.1, 19.0 and
+19.8 tok/s, so comparing models loaded side by side favoured the later ones (the cause is not
+pinned down; where glibc places the weights' buffers is the suspect: docs/BENCHMARKS.md, "Huge
+pages"). `--same-process` keeps that old protocol (faster: each model is loaded once).
 
     python scripts/decode_speed.py /work/synth/lfm2-ours /work/synth/lfm2-reference --runs 3
 """
