@@ -201,11 +201,12 @@ def windows(g: Graph, p: Patches, side: int, target: Target) -> AttentionGroups:
     place = g.op.Add(g.op.Mul(g.op.Mod(p.row, i64(side)), i64(side)), g.op.Mod(p.col, i64(side)))
     slots = g.op.Add(g.op.Mul(window, i64(length)), place)  # (N,)
     count = g.op.Shape(p.index)  # (1,): N
+    n = g.op.Squeeze(count, i64([0]))  # N, the padded slots' row
     frame_count = g.op.Div(count, g.op.Reshape(g.op.Mul(p.height, p.width), i64([1])))
     total = g.op.Mul(g.op.Mul(g.op.Mul(frame_count, g.op.Unsqueeze(down, i64([0]))), g.op.Unsqueeze(across, i64([0]))),
                      i64([length]))  # (1,): windows · window²
-    rows = g.op.ScatterElements(g.op.Expand(g.op.Squeeze(count, i64([0])), total), slots, p.index, axis=0)
-    real = g.op.Reshape(g.op.Less(rows, g.op.Squeeze(count, i64([0]))), i64([-1, 1, 1, length]))
+    rows = g.op.ScatterElements(g.op.Expand(n, total), slots, p.index, axis=0)
+    real = g.op.Reshape(g.op.Less(rows, n), i64([-1, 1, 1, length]))
     bias = g.op.Where(real, g.constant(0.0, dtype), g.constant(np.finfo(dtype).min, dtype))  # (windows, 1, 1, window²)
     bias = g.op.Expand(bias, i64([1, 1, length, 1]))  # every query row alike
     return AttentionGroups(i64([length]), slots, rows, bias)
