@@ -5,8 +5,10 @@ relu² experts, as `hybrid_override_pattern` says ("M", "*", "-", "E").
 Reference: transformers/models/nemotron_h/{configuration,modeling}_nemotron_h.py. Each layer is
 x + mixer(norm(x)) with one RMSNorm (`layers.{i}.norm`); the Mamba-2 mixer is
 builder.blocks.mamba2's with intermediate mamba_num_heads · mamba_head_dim (`expand` unused),
-`use_bias` on in_proj and out_proj, and dt clamped to [time_step_min, ∞) in prefill only (as
-transformers' chunked scan; its one-token update does not clamp); attention has no rotary at all
+`use_bias` on in_proj and out_proj, and dt clamped to `time_step_limit` (default [0, ∞): no clamp) in
+prefill only (as transformers' chunked scan; its one-token update does not clamp). transformers 5.25
+reads time_step_limit (older configs: mamba_dt_limit), as NVIDIA's original code; 5.23 clamped to
+[time_step_min, ∞) instead, and builder follows 5.25; attention has no rotary at all
 (NoPE), no biases, `head_dim` from config.json; the MLP is down_proj(relu(up_proj(x))²). The
 experts (NemotronHMoE) are such MLPs, `moe_intermediate_size` wide, chosen by GLM-4.5's grouped
 sigmoid router with its correction bias (builder.blocks.moe.grouped_sigmoid_router), between the
@@ -29,7 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from architectures.granitemoehybrid import MambaStates
+from architectures.granitemoehybrid import MambaStates, time_step_limit
 from builder.architecture import Weights, attention_weights, prefix_holding, vocabulary
 from builder.blocks import AttentionSpec, plain_mlp, self_attention
 from builder.blocks.linear import linear
@@ -54,7 +56,7 @@ STRUCTURE: dict[str, dict[str, Any]] = {"NemotronHForCausalLM": dict(model_type=
 LEGACY = {"mamba": MAMBA, "attention": ATTENTION}
 # NemotronHConfig's older spellings of the Mamba keys.
 RENAMED = {"mamba_n_groups": "n_groups", "mamba_d_conv": "conv_kernel", "mamba_dt_min": "time_step_min",
-           "mamba_conv_bias": "use_conv_bias", "mamba_chunk_size": "chunk_size"}
+           "mamba_conv_bias": "use_conv_bias", "mamba_chunk_size": "chunk_size", "mamba_dt_limit": "time_step_limit"}
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,9 @@ class NemotronHConfig(MambaStates, DecoderConfig):
     mamba_hidden_act: str = "silu"
     n_groups: int = 8
     conv_kernel: int = 4
-    time_step_min: float = 0.001
+    time_step_min: float = 0.001  # the dt bias's initialization only (transformers 5.25)
+    # transformers writes an infinite limit as {"__float__": "Infinity"}, the hub as Infinity.
+    time_step_limit: list[float | dict[str, str]] | None = None
     use_conv_bias: bool = True
     chunk_size: int = 128
     use_bias: bool = False
@@ -99,13 +103,15 @@ class NemotronHConfig(MambaStates, DecoderConfig):
         if self.num_experts_per_tok > self.n_routed_experts:
             raise ValueError(f"num_experts_per_tok ({self.num_experts_per_tok}) is more than n_routed_experts "
                              f"({self.n_routed_experts})")
+        if self.time_step_limit is not None:
+            object.__setattr__(self, "time_step_limit", time_step_limit(self.time_step_limit))
         super().__post_init__()
 
     @property
     def mamba(self) -> Mamba2Spec:
         return Mamba2Spec(self.mamba_num_heads, self.mamba_head_dim, self.n_groups, self.ssm_state_size,
                           self.conv_kernel, self.layer_norm_epsilon, self.mamba_hidden_act,
-                          (self.time_step_min, math.inf))
+                          self.time_step_limit or (0.0, math.inf))
 
     @property
     def conv_layers(self) -> list[int]:

@@ -42,6 +42,9 @@ POSITIVE = frozenset({
     "rms_norm_eps", "layer_norm_eps", "norm_eps", "norm_epsilon",
     "query_pre_attn_scalar", "final_logit_softcapping", "attn_logit_softcapping",
 })
+# Number lists whose upper end may be infinite: a Mamba-2 mixer's dt clamp, [0.0, Infinity] in the
+# hub's configs (JSON's Infinity; transformers writes {"__float__": "Infinity"}) for "no upper limit".
+UNBOUNDED_ABOVE = frozenset({"time_step_limit", "mamba_dt_limit"})
 # Integers that may be negative: ERNIE 4.5's moe_layer_end_index (-1: the last layer). Every other
 # integer is a count, an index or a flag, and at least 0.
 SIGNED = frozenset({"moe_layer_end_index"})
@@ -71,7 +74,10 @@ def config_value(key: str, value: Any, hint: Any, name: str | None = None, sourc
         check_rope(value, name, source)
         return value
     floats = hint is float or float in typing.get_args(hint)
-    for number in value if isinstance(value, list) else [value]:
+    numbers = value if isinstance(value, list) else [value]
+    if key in UNBOUNDED_ABOVE and numbers and numbers[-1] == math.inf:
+        numbers = numbers[:-1]
+    for number in numbers:
         _check_number(key, number, floats, name, source)
     return value
 
@@ -197,9 +203,9 @@ def check_rope(params: dict[str, Any], name: str, source: str = "config.json") -
             raise BuildError(f"{where}; expected a list of positive finite numbers")
         if key in ("rope_type", "type") and not isinstance(value, str):
             raise BuildError(f"{where}; expected a string")
-    low, high = params.get("low_freq_factor"), params.get("high_freq_factor")
-    if params.get("rope_type") == "llama3" and low is not None and high is not None and low >= high:
-        raise BuildError(f"{source}: {name}: llama3 rope needs low_freq_factor ({low}) below high_freq_factor ({high})")
+    # llama3 with low_freq_factor >= high_freq_factor has no smoothing band (Llama 4 Scout's hub
+    # config sets both to 1.0): transformers only warns and runs it, and so does the build
+    # (blocks/rope.llama3_inv_freq refuses the one case that computes NaN).
 
 
 def config_object(raw: dict[str, Any], key: str, source: str = "config.json") -> dict[str, Any]:

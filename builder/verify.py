@@ -67,6 +67,17 @@ FLOAT_ROUTERS = (".mlp.gate", ".mlp.gate.wg", ".mlp.router", ".mlp.shared_expert
 REQUIREMENTS = ("torch", "transformers", "onnxruntime")
 
 
+def _cache_argument(model, output) -> dict:
+    """The cache a forward returned, as the next forward's keyword: transformers 5.25 renamed it
+    `cache` (past_key_values still works there, with a deprecation warning on the user's terminal
+    until 5.40); 5.23 knows only past_key_values."""
+    import inspect
+
+    if "cache" in inspect.signature(model.forward).parameters:
+        return {"cache": output.cache}
+    return {"past_key_values": output.past_key_values}
+
+
 def check_verifiable(options: BuildOptions) -> None:
     """Refuses, before anything is built, a --verify that could only fail after the build."""
     gguf = _gguf_input(options)
@@ -355,7 +366,7 @@ def verify(options: BuildOptions, output: Path, folder: Path, quiet: bool = Fals
         with torch.no_grad():
             ref = model(input_ids=torch.tensor([prompt_ids]), use_cache=True, **extra)
             nxt = int(ref.logits[0, -1].argmax())
-            ref_step = model(input_ids=torch.tensor([[nxt]]), past_key_values=ref.past_key_values, use_cache=True)
+            ref_step = model(input_ids=torch.tensor([[nxt]]), use_cache=True, **_cache_argument(model, ref))
         step_feed = embed(np.array([[nxt]], np.int64))
         if len(shapes.get("position_ids", ())) == 3:  # Qwen-VL's M-RoPE rows, as genai computes them; text: 0, 1, …
             if positions is None:

@@ -86,8 +86,6 @@ BAD_CONFIG = {
                                             "rope_parameters.rope_theta"),
     "rope_scaling.factor-nan": ({"rope_scaling": {"rope_type": "linear", "factor": NAN}}, "rope_scaling.factor"),
     "rope_scaling.factor-0": ({"rope_scaling": {"rope_type": "linear", "factor": 0}}, "rope_scaling.factor"),
-    "llama3-low-above-high": ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0,
-                                                "high_freq_factor": 1.0}}, "low_freq_factor"),
     "longrope-one-factor-for-8-pairs": ({"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0],
                                                           "long_factor": [2.0]}}, "short_factor"),
     "partial_rotary_factor-1.5": ({"partial_rotary_factor": 1.5}, "partial_rotary_factor"),

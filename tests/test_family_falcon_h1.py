@@ -58,6 +58,17 @@ def test_fp32_prefill_and_decode_match_transformers(source, tmp_path):
     assert_steps_match(build(source, tmp_path / "out", "-p", "fp32"), load(source))
 
 
+def test_an_infinite_limit_as_the_hub_spells_it(tmp_path):
+    # "time_step_limit": [0.0, Infinity] (JSON's Infinity, as the hub's Mamba-2 configs write it)
+    # was refused: "time_step_limit is Infinity; expected a finite number".
+    source = make(tmp_path / "src")
+    config = json.loads((source / "config.json").read_text())
+    config["time_step_limit"] = [0.0, float("inf")]
+    (source / "config.json").write_text(json.dumps(config))
+    assert "Infinity]" in (source / "config.json").read_text()
+    assert_steps_match(build(source, tmp_path / "out", "-p", "fp32"), load(source))
+
+
 def test_prompt_over_several_chunks_and_shorter_than_the_kernel(source, tmp_path):
     # 40 tokens span five of transformers' 8-token chunks; 2 tokens read the conv's zero state.
     out = build(source, tmp_path / "out", "-p", "fp32")

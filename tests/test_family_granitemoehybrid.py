@@ -96,6 +96,19 @@ def test_rope_and_dense_variant(tmp_path):
     assert_steps_match(build(source, tmp_path / "out", "-p", "fp32"), load(source))
 
 
+def test_an_infinite_limit_as_the_hub_spells_it(tmp_path):
+    # "time_step_limit": [0.0, Infinity], as public Mamba-2 hybrid configs write it (JSON's
+    # Infinity; transformers' own save writes {"__float__": "Infinity"}): refused before with
+    # "time_step_limit is Infinity; expected a finite number".
+    source = make(tmp_path / "src", time_step_limit=[0.05, 0.5], layer_types=["attention", "mamba", "mamba"],
+                  num_hidden_layers=3)
+    config = json.loads((source / "config.json").read_text())
+    config["time_step_limit"] = [0.0, float("inf")]
+    (source / "config.json").write_text(json.dumps(config))
+    assert "Infinity]" in (source / "config.json").read_text()
+    assert_steps_match(build(source, tmp_path / "out", "-p", "fp32"), load(source))
+
+
 def test_fp16_prefill_and_decode_close_to_transformers(source, tmp_path):
     # fp16 activations, the SSM state float32 (as transformers keeps it).
     from helpers import relative_error

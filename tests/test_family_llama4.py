@@ -100,3 +100,25 @@ def test_multimodal_checkpoint_builds_its_text_decoder(tmp_path):
     model.save_pretrained(tmp_path / "src")
     out = build(tmp_path / "src", tmp_path / "out", "-p", "fp32")
     assert_steps_match(out, model)
+
+
+def test_scout_rope_with_equal_frequency_factors_matches_transformers(tmp_path):
+    # meta-llama/Llama-4-Scout-17B-16E-Instruct's config.json: rope_scaling llama3 with
+    # low_freq_factor = high_freq_factor = 1.0 (no smoothing band), written the hub's way (rope_theta
+    # at top level, rope_scaling). transformers warns and runs it; builder refused it ("llama3 rope
+    # needs low_freq_factor (1.0) below high_freq_factor (1.0)"). original_max_position_embeddings 64
+    # puts the 32-wide head's wavelengths on both sides of the one edge, so a band or a scaling on
+    # the wrong side would show in the logits.
+    import json
+
+    source = make(tmp_path / "src")
+    config = json.loads((source / "config.json").read_text())
+    config.pop("rope_parameters", None)
+    config.update(rope_theta=500000.0, rope_scaling={"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0,
+                                                     "high_freq_factor": 1.0, "original_max_position_embeddings": 64})
+    (source / "config.json").write_text(json.dumps(config))
+    model = load(source)
+    inv_freq = model.model.rotary_emb.inv_freq
+    assert bool((inv_freq < inv_freq.max() / 20).any()) and torch.isfinite(inv_freq).all()  # some scaled, none NaN
+    out = build(source, tmp_path / "out", "-p", "fp32")
+    assert_steps_match(out, model, [int(t) for t in np.random.default_rng(1).integers(0, 255, 20)])

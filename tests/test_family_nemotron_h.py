@@ -20,13 +20,14 @@ from builder.options import PRECISION_DEFAULTS
 
 # Every layer kind, a Mamba layer first and last; 8 Mamba heads of 12 channels in 2 groups of B and
 # C, a 4-tap conv with bias, in_proj/out_proj biases (use_bias), 8-token chunks; 3 query heads of
-# 32 over 1 KV head, no rotary; dt clamped to at least time_step_min in prefill (0.3: it matters).
+# 32 over 1 KV head, no rotary; dt clamped to [0.3, ∞) in prefill (0.3: it matters): time_step_limit
+# in transformers 5.25, time_step_min in 5.23, so both say it.
 CONFIG = dict(
     vocab_size=256, hidden_size=64, intermediate_size=96, layers_block_type=["linear_attention", "full_attention",
                                                                             "mlp", "linear_attention"],
     num_attention_heads=3, num_key_value_heads=1, head_dim=32, max_position_embeddings=256, mamba_num_heads=8,
     mamba_head_dim=12, n_groups=2, ssm_state_size=16, conv_kernel=4, chunk_size=8, use_bias=True,
-    time_step_min=0.3, initializer_range=0.1, eos_token_id=255, pad_token_id=0, bos_token_id=1,
+    time_step_min=0.3, time_step_limit=(0.3, float("inf")), initializer_range=0.1, eos_token_id=255, pad_token_id=0, bos_token_id=1,
 )
 STEPS = 4
 
@@ -71,6 +72,33 @@ def test_hub_layout_and_spellings(tmp_path):
     out = build(source, tmp_path / "out", "-p", "fp32")
     reference = make(tmp_path / "ref")
     assert_steps_match(out, load(reference))
+
+
+@pytest.mark.parametrize("spelling", ["time_step_limit", "mamba_dt_limit"])
+def test_an_infinite_limit_as_the_hub_spells_it(tmp_path, spelling):
+    # The hub's configs (and NemotronHConfig's older key, mamba_dt_limit) write JSON's Infinity for
+    # "no upper limit"; builder refused it ("time_step_limit is Infinity; expected a finite number").
+    source = make(tmp_path / "src")
+    text = (source / "config.json").read_text()
+    config = json.loads(text)
+    del config["time_step_limit"]
+    config[spelling] = [0.3, float("inf")]
+    (source / "config.json").write_text(json.dumps(config))  # Python writes Infinity, as the hub's files
+    assert "Infinity]" in (source / "config.json").read_text()
+    assert_steps_match(build(source, tmp_path / "out", "-p", "fp32"), load(source))
+
+
+@pytest.mark.skipif(tuple(int(x) for x in transformers.__version__.split(".")[:2]) < (5, 25),
+                    reason="transformers before 5.25 clamped dt at time_step_min; builder follows 5.25")
+def test_time_step_min_is_no_clamp(tmp_path):
+    # transformers 5.25 (and NVIDIA's own code) clamp dt to time_step_limit, [0, ∞) by default, not
+    # to time_step_min, which only initializes the dt bias: a 0.3 there changes nothing.
+    source = make(tmp_path / "src")
+    config = json.loads((source / "config.json").read_text())
+    del config["time_step_limit"]
+    (source / "config.json").write_text(json.dumps(config))
+    assert_steps_match(build(source, tmp_path / "out", "-p", "fp32"), load(source),
+                       [int(t) for t in np.random.default_rng(0).integers(0, 255, 30)])
 
 
 # Every kind again, the experts' layer among them: 8 relu² experts in 2 groups of which the router
