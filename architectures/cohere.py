@@ -103,6 +103,7 @@ def scaled_logits(d: Decoder, h: ir.Value) -> ir.Value:
 
 FAMILY = register(Family(
     "cohere", CohereConfig, decoder_layer, VARIANTS, structure=STRUCTURE, stream=stablelm.layer_norm_stream,
+    partial_rotary=True,  # CohereConfig handles it: dropped for the default rope
     logits=scaled_logits,
     # Older checkpoints saved the rotary buffer; it is recomputed from the config.
     ignored=("model.layers.*.self_attn.rotary_emb.inv_freq",),

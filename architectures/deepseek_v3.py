@@ -41,6 +41,7 @@ from architectures.glm4_moe import Glm4MoeConfig, moe_block, sigmoid_router, ski
 from architectures.moe import dense_mlp
 from builder.architecture import Weights
 from builder.blocks import AttentionSpec, Rope, rotary_tables
+from builder.blocks.rope import ExplicitRotary
 from builder.blocks.attention import group_query_attention
 from builder.blocks.linear import linear
 from builder.blocks.moe import grouped_softmax_router
@@ -100,6 +101,11 @@ class DeepseekV3Config(Glm4MoeConfig):
                              "group_limited_greedy (V2)")
         if self.mlp_bias:
             raise ValueError("mlp_bias: DeepSeek-V2 MLPs with biases are not built (no released checkpoint has them)")
+        if self.head_dim is not None and self.head_dim != self.qk_rope_head_dim:
+            # transformers' rotary spans config.json's head_dim (DeepseekV3Config sets it to
+            # qk_rope_head_dim only when absent): any other width fails in its forward.
+            raise ValueError(f"head_dim {self.head_dim} is not qk_rope_head_dim ({self.qk_rope_head_dim}), the width "
+                             "transformers rotates: it cannot run this config")
         set_(self, "head_dim", self.qk_rope_head_dim + self.kv_lora_rank)
         set_(self, "num_key_value_heads", 1)
         if self.qk_rope_head_dim % 2:
@@ -122,7 +128,8 @@ def latent_rotary(d: Decoder):
     """The rotary tables over qk_rope_head_dim (the query's and key's rotary part)."""
     c = d.c
     rope = Rope.from_parameters(c.rope_parameters, c.qk_rope_head_dim, c.max_position_embeddings)
-    return rotary_tables(d.g, rope, c.max_position_embeddings, d.target)
+    return rotary_tables(d.g, rope, c.max_position_embeddings, d.target,
+                         head_size=c.qk_rope_head_dim + c.kv_lora_rank)  # the attention's head: [k_pe | latent]
 
 
 def latent_attention(d: Decoder, a: Weights, i: int, h):
@@ -158,10 +165,19 @@ def latent_attention(d: Decoder, a: Weights, i: int, h):
     with g.scope("absorb_q"):  # W_UKᵀ q_nope per head: (B, heads, S, nope) @ (heads, nope, rank)
         q_latent = g.op.MatMul(g.op.Transpose(q_nope, perm=[0, 2, 1, 3]), w_uk)  # (B, heads, S, rank)
         q_latent = g.op.Transpose(q_latent, perm=[0, 2, 1, 3])  # (B, S, heads, rank)
+    rotary = d.rotary
+    if isinstance(rotary, ExplicitRotary):  # a rotary width (or a provider) the fused rotary cannot take
+        with g.scope("q_rotary"):
+            q_pe = g.op.Reshape(q_pe, g.constant([0, 0, heads * rope], "int64"))  # (B, S, heads, rope) -> (B, S, heads·rope)
+            q_pe = rotary.rotate(g, q_pe, heads, d.lengths.seqlens_k, c.rope_interleave)
+            q_pe = g.op.Reshape(q_pe, g.constant([0, 0, heads, rope], "int64"))  # back to (B, S, heads, rope)
+        with g.scope("k_rotary"):
+            k_pe = rotary.rotate(g, k_pe, 1, d.lengths.seqlens_k, c.rope_interleave)  # (B, S, rope)
+        rotary = None
     query = g.op.Reshape(g.op.Concat(q_pe, q_latent, axis=-1), g.constant([0, 0, heads * (rope + rank)], "int64"))
     key = g.op.Concat(k_pe, latent, axis=-1)  # (B, S, rope + rank): the one KV head
     spec = AttentionSpec(heads, 1, rope + rank, scale=c.softmax_scale, rotary_interleaved=c.rope_interleave)
-    out, present_k, present_v = group_query_attention(g, (query, key, key), d.past(i), d.lengths, d.rotary, None,
+    out, present_k, present_v = group_query_attention(g, (query, key, key), d.past(i), d.lengths, rotary, None,
                                                       spec, target)
     with g.scope("absorb_v"):  # each head's averaged latent through its W_UV
         out = g.op.Reshape(out, g.constant([0, 0, heads, rope + rank], "int64"))

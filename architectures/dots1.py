@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from architectures.glm4_moe import Glm4MoeConfig, moe_block
-from architectures.moe import dense_mlp, parse_whole_head, pre_norm_layer
+from architectures.moe import dense_mlp, pre_norm_layer
 from builder.architecture import Weights, attention_weights
 from builder.blocks import AttentionSpec
 from builder.decoder_config import DecoderConfig
@@ -84,7 +84,7 @@ def decoder_layer(d: Decoder, w: Weights, i: int):
 
 
 FAMILY = register(Family(
-    "dots1", Dots1Config, decoder_layer, VARIANTS, structure=STRUCTURE, parser=parse_whole_head,
+    "dots1", Dots1Config, decoder_layer, VARIANTS, structure=STRUCTURE,
     ignored=("model.layers.*.self_attn.rotary_emb.inv_freq",),
 ))
 

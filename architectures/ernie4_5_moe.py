@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from architectures.moe import dense_mlp, expert_matrices, parse_whole_head, pre_norm_layer
+from architectures.moe import dense_mlp, expert_matrices, pre_norm_layer
 from builder.architecture import Weights, attention_weights
 from builder.blocks import AttentionSpec, linear
 from builder.blocks.float_ops import op_dtype, to_dtype
@@ -104,7 +104,7 @@ def biased_logits(d: Decoder, h):
 
 
 FAMILY = register(Family(
-    "ernie4_5_moe", Ernie4_5_MoeConfig, decoder_layer, VARIANTS, structure=STRUCTURE, parser=parse_whole_head,
+    "ernie4_5_moe", Ernie4_5_MoeConfig, decoder_layer, VARIANTS, structure=STRUCTURE,
     logits=biased_logits,
     # Multi-token-prediction tensors (`mtp*`) are not part of the decoder; transformers skips them too.
     ignored=("model.layers.*.self_attn.rotary_emb.inv_freq", "*mtp*"),

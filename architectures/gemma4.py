@@ -45,7 +45,7 @@ from builder.blocks.norm import rms_norm
 from builder.blocks.rope import ExplicitRotary, Rope, rotary_tables
 from builder.decoder_config import DecoderConfig
 from builder.errors import BuildError
-from builder.family import Decoder, Family, register
+from builder.family import Decoder, Family, register, whole_head_rotary
 from builder.graph import Graph
 from builder.hf_config import from_dict, text_config
 from builder.lazy import Weight
@@ -180,8 +180,11 @@ def parse_config(family: Family, raw: dict[str, Any], architecture: str) -> Gemm
     rope = raw.get("rope_parameters") or DEFAULT_ROPE
     if not isinstance(rope, dict) or not all(isinstance(rope.get(t), dict) for t in (FULL, SLIDING)):
         raise BuildError(f"config.json: {prefix}rope_parameters needs a {FULL} and a {SLIDING} entry")
-    return from_dict(family.config, raw, family.variants[architecture], key_prefix=prefix,
-                     rope_parameters={t: dict(p) for t, p in rope.items()})
+    # A top-level partial_rotary_factor lands in both entries; the proportional rope reads it, the
+    # default one (Gemma4's own compute_default_rope_parameters) rotates the whole head.
+    rope = {t: dict(p) if p.get("rope_type") == "proportional" else whole_head_rotary(p, architecture)
+            for t, p in rope.items()}
+    return from_dict(family.config, raw, family.variants[architecture], key_prefix=prefix, rope_parameters=rope)
 
 
 @dataclass(eq=False)
@@ -198,7 +201,8 @@ def rotary(d: Decoder) -> dict[str, Any]:
     c = d.c
     return {t: rotary_tables(d.g, Rope.from_parameters(c.rope_parameters[t], c.layer_dims[c.layer_types.index(t)][1],
                                                       c.max_position_embeddings),
-                             c.max_position_embeddings, d.target, t.split("_")[0] + "_")
+                             c.max_position_embeddings, d.target, t.split("_")[0] + "_",
+                             head_size=c.layer_dims[c.layer_types.index(t)][1])
             for t in dict.fromkeys(c.layer_types)}
 
 

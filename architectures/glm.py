@@ -89,7 +89,7 @@ def decoder_layer(d: Decoder, w: Weights, i: int):
 
 
 FAMILY = register(Family(
-    "glm", GlmConfig, decoder_layer, VARIANTS, structure=STRUCTURE, parser=parse_config,
+    "glm", GlmConfig, decoder_layer, VARIANTS, structure=STRUCTURE, parser=parse_config, partial_rotary=True,
     ignored=("model.layers.*.self_attn.rotary_emb.inv_freq",),
 ))
 

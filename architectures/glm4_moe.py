@@ -125,6 +125,7 @@ def skip_next_token_layers(d: Decoder) -> None:
 
 FAMILY = register(Family(
     "glm4_moe", Glm4MoeConfig, decoder_layer, VARIANTS, structure=STRUCTURE, prepare=skip_next_token_layers,
+    partial_rotary=True,
     ignored=("model.layers.*.self_attn.rotary_emb.inv_freq",),
 ))
 

@@ -95,6 +95,7 @@ def logits(d: Decoder, h):
 
 FAMILY = register(Family(
     "granite", GraniteConfig, decoder_layer, VARIANTS, structure=STRUCTURE, embed=embed, logits=logits,
+    
     ignored=("model.layers.*.self_attn.rotary_emb.inv_freq",),
 ))
 

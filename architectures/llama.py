@@ -8,15 +8,13 @@ pairs. Ministral and Ministral 3 are rows of architectures/ministral.py on this 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from builder.architecture import Weights, attention_weights
 from builder.blocks import AttentionSpec, gated_mlp, self_attention
-from builder.blocks.attention import attention_temperature
+from builder.blocks.attention_positions import attention_temperature
 from builder.decoder_config import DecoderConfig
-from builder.errors import BuildError
 from builder.family import Decoder, Family, parse, register
 
 QWEN = dict(vocab_size=151936, intermediate_size=22016, num_key_value_heads=32, max_position_embeddings=32768,
@@ -99,14 +97,7 @@ def parse_config(family: Family, raw: dict[str, Any], architecture: str) -> Llam
     defaults = family.variants[architecture]
     if "rope_parameters" in defaults and not (raw.get("rope_scaling") or raw.get("rope_parameters")):
         raw = dict(raw, rope_parameters=defaults["rope_parameters"])
-    c = parse(family, raw, architecture)
-    # These modeling files rotate the whole head: their default rotary ignores partial_rotary_factor,
-    # and their scaled ones cannot run with it (cos/sin narrower than the head).
-    rope = dict(c.rope_parameters)
-    if rope.pop("partial_rotary_factor", 1.0) != 1.0 and rope["rope_type"] != "default":
-        raise BuildError(f"{architecture} with partial_rotary_factor and {rope['rope_type']} rope: transformers "
-                         "rotates the whole head for these, and cannot run this combination")
-    return dataclasses.replace(c, rope_parameters=rope)
+    return parse(family, raw, architecture)
 
 
 def mlp(d: Decoder, m: Weights, h):

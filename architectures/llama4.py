@@ -28,7 +28,7 @@ import onnx_ir as ir
 from architectures.moe import dense_mlp
 from builder.architecture import Weights, attention_weights, prefix_holding, vocabulary
 from builder.blocks import AttentionSpec, Rope, rotary_tables, self_attention
-from builder.blocks.attention import attention_temperature, chunk_mask
+from builder.blocks.attention_positions import attention_temperature, chunk_mask
 from builder.blocks.linear import linear
 from builder.blocks.moe import routed_experts
 from builder.decoder_config import DecoderConfig
@@ -127,7 +127,7 @@ def explicit_rotary(d: Decoder):
     """The rotary tables, applied before the attention: the q/k L2 norm comes after the rotation."""
     c = d.c
     rope = Rope.from_parameters(c.rope_parameters, c.head_dim, c.max_position_embeddings)
-    return rotary_tables(d.g, rope, c.max_position_embeddings, d.target, explicit=c.use_qk_norm)
+    return rotary_tables(d.g, rope, c.max_position_embeddings, d.target, explicit=c.use_qk_norm, head_size=c.head_dim)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ ERNIE 4.5 MoE, Granite MoE) and HunYuan's: they differ from these in the attenti
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -24,8 +23,7 @@ from builder.architecture import Weights, attention_weights
 from builder.blocks import AttentionSpec, AttentionWeights, gated_mlp, linear, self_attention, sparse_moe
 from builder.blocks.moe import unstacked
 from builder.decoder_config import DecoderConfig
-from builder.errors import BuildError
-from builder.family import Decoder, Family, parse, register
+from builder.family import Decoder, Family, register
 
 QWEN = dict(vocab_size=151936, max_position_embeddings=32768, bos_token_id=None, eos_token_id=None, sliding_window=4096)
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -102,15 +100,6 @@ class MoeConfig(DecoderConfig):
         """Qwen2/3MoeDecoderLayer: experts unless listed dense or off the sparse step."""
         dense = layer in (self.mlp_only_layers or ()) or (layer + 1) % self.decoder_sparse_step
         return not dense and self.num_experts > 0
-
-
-def parse_whole_head(family: Family, raw: dict[str, Any], architecture: str) -> Any:
-    """`parse`, refusing a partial rotary: these modeling files rotate the whole head."""
-    c = parse(family, raw, architecture)
-    rope = dict(c.rope_parameters)
-    if rope.pop("partial_rotary_factor", 1.0) != 1.0:
-        raise BuildError(f"{architecture} with partial_rotary_factor: transformers rotates the whole head")
-    return dataclasses.replace(c, rope_parameters=rope)
 
 
 def pre_norm_layer(d: Decoder, w: Weights, i: int, attention: AttentionWeights, spec: AttentionSpec,
@@ -192,9 +181,9 @@ def decoder_layer(d: Decoder, w: Weights, i: int, mlp: Callable[[Decoder, ir.Val
 
 
 FAMILY = register(Family(
-    "moe", MoeConfig, decoder_layer, VARIANTS, structure=STRUCTURE, parser=parse_whole_head,
+    "moe", MoeConfig, decoder_layer, VARIANTS, structure=STRUCTURE, 
     ignored=("model.layers.*.self_attn.rotary_emb.inv_freq",),
 ))
 
-__all__ = ["FAMILY", "STRUCTURE", "VARIANTS", "MoeConfig", "decoder_layer", "dense_mlp", "expert_matrices", "mlp", "parse_whole_head",
+__all__ = ["FAMILY", "STRUCTURE", "VARIANTS", "MoeConfig", "decoder_layer", "dense_mlp", "expert_matrices", "mlp", 
            "pre_norm_layer"]

@@ -86,7 +86,7 @@ def decoder_layer(d: Decoder, w: Weights, i: int) -> tuple[ir.Value, ir.Value]:
 
 
 FAMILY = register(Family(
-    "phi3", Phi3Config, decoder_layer, VARIANTS, structure=STRUCTURE, parser=parse_config, rotary=rotary,
+    "phi3", Phi3Config, decoder_layer, VARIANTS, structure=STRUCTURE, parser=parse_config, rotary=rotary, partial_rotary=True,
     ignored=("model.layers.*.self_attn.rotary_emb.*",),
 ))
 

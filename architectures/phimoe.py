@@ -78,7 +78,7 @@ def rotary(d: Decoder):
                                lengths.total_sequence_length, d.target,
                                long_attention_factor=c.rope_parameters["long_mscale"])
     rope = Rope.from_parameters(c.rope_parameters, c.head_dim, c.max_position_embeddings)
-    return rotary_tables(d.g, rope, c.max_position_embeddings, d.target)
+    return rotary_tables(d.g, rope, c.max_position_embeddings, d.target, head_size=c.head_dim)
 
 
 def sparse_moe_block(d: Decoder, h, m: Weights):

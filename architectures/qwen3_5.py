@@ -217,7 +217,7 @@ def final_norm(d: Decoder):
 
 
 FAMILY = register(Family(
-    "qwen3_5", Qwen3_5Config, decoder_layer, VARIANTS, parser=parse_config, prepare=conv_padding,
+    "qwen3_5", Qwen3_5Config, decoder_layer, VARIANTS, parser=parse_config, prepare=conv_padding, partial_rotary=True,
     vocabulary=qwen3_5_vocabulary, final_norm=final_norm, weights=Qwen3_5Weights,
     prefix=lambda d: decoder_prefix(d.ckpt),
     # transformers skips these too: the multi-token-prediction head and (text build) the vision tower.

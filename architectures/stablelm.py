@@ -132,7 +132,7 @@ def decoder_layer(d: Decoder, w: LayerNormWeights, i: int,
 
 FAMILY = register(Family(
     "stablelm", StableLmConfig, decoder_layer, VARIANTS, structure=STRUCTURE,
-    stream=layer_norm_stream, weights=LayerNormWeights, final_norm=final_norm,
+    stream=layer_norm_stream, weights=LayerNormWeights, final_norm=final_norm, partial_rotary=True,
 ))
 
 __all__ = ["FAMILY", "STRUCTURE", "VARIANTS", "LayerNormWeights", "StableLmConfig", "biased_self_attn", "decoder_layer",

@@ -10,7 +10,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-from builder.blocks.attention import AttentionWeights
+from builder.blocks.attention import AttentionWeights, kv_head_size
 from builder.blocks.vocabulary import Vocabulary
 from builder.config_checks import token_ids, warn_past_vocabulary
 from builder.errors import BuildError
@@ -64,7 +64,7 @@ def decoder_info(c: Any) -> DecoderInfo:
     return DecoderInfo(
         model_type=c.model_type, vocab_size=c.vocab_size, hidden_size=c.hidden_size,
         num_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-        num_kv_heads=c.num_key_value_heads, head_size=c.head_dim,
+        num_kv_heads=c.num_key_value_heads, head_size=kv_head_size(c.head_dim),
         context_length=c.max_position_embeddings, bos_token_id=c.bos_token_id,
         eos_token_ids=token_ids(c.eos_token_id), pad_token_id=c.pad_token_id,
         sliding_window=windows[sliding[0]] if sliding else None, sliding_window_layers=sliding,
@@ -77,7 +77,8 @@ def _per_layer_kv_info(c: Any) -> dict[str, Any]:
     whose KV is shaped apart, and the layers that read another layer's KV (`stateless_layers`)."""
     if getattr(c, "layer_kv_dims", None) is None:
         return {}
-    return {"layer_kv_dims": dict(c.layer_kv_dims), "stateless_layers": list(c.stateless_layers)}
+    dims = {layer: (heads, kv_head_size(size)) for layer, (heads, size) in c.layer_kv_dims.items()}
+    return {"layer_kv_dims": dims, "stateless_layers": list(c.stateless_layers)}
 
 
 def _conv_state_info(c: Any) -> dict[str, Any]:

@@ -73,7 +73,7 @@ def rotary(d: Decoder) -> Any:
     """The rotary tables of `c.rope_parameters` over the whole head (`Rope.from_parameters`)."""
     c = d.c
     rope = Rope.from_parameters(c.rope_parameters, c.head_dim, c.max_position_embeddings)
-    return rotary_tables(d.g, rope, c.max_position_embeddings, d.target)
+    return rotary_tables(d.g, rope, c.max_position_embeddings, d.target, head_size=c.head_dim)
 
 
 def rotary_by_layer_type(d: Decoder) -> dict[str, Any]:
@@ -126,7 +126,22 @@ def parse(family: Family, raw: dict[str, Any], architecture: str) -> Any:
     rope = rope_parameters(raw, max_pos, defaults.pop("default_theta", 10_000.0))
     if "partial_rotary_factor" in defaults:  # the config class's share of the head that rotates (Phi's 0.5)
         rope.setdefault("partial_rotary_factor", defaults.pop("partial_rotary_factor"))
+    if not family.partial_rotary:
+        rope = whole_head_rotary(rope, architecture)
     return from_dict(family.config, raw, defaults, rope_parameters=rope, **family.structure.get(architecture, {}))
+
+
+def whole_head_rotary(rope: dict[str, Any], architecture: str) -> dict[str, Any]:
+    """`rope` for a modeling file that rotates the whole head (its own compute_default_rope_parameters
+    ignores partial_rotary_factor, as Llama's, Granite's, Gemma's and the MoE families' do): with
+    the default rope the factor is dropped, as there; a scaled rope takes it (transformers' shared
+    functions do) and makes cos/sin narrower than the head, which transformers cannot run, so it is
+    refused."""
+    rope = dict(rope)
+    if rope.pop("partial_rotary_factor", 1.0) != 1.0 and rope.get("rope_type", "default") != "default":
+        raise BuildError(f"{architecture} with partial_rotary_factor and {rope['rope_type']} rope: transformers "
+                         "rotates the whole head for these, and cannot run this combination")
+    return rope
 
 
 @dataclass(frozen=True)
@@ -138,6 +153,10 @@ class Family:
     `ignored`: fnmatch patterns of checkpoint tensors deliberately unused. `quant_methods`: the
     pre-quantized `quant_method`s it reads itself (gpt-oss's mxfp4). `package`: the module in
     architectures/ that builds the other models of a multimodal checkpoint, per architecture.
+    `partial_rotary`: its modeling files rotate config.json's partial_rotary_factor of the head
+    (Phi, StableLM, GLM, Qwen3.5); the others rotate the whole head whatever it says (their own
+    compute_default_rope_parameters ignores it: whole_head_rotary), so `parse` drops it, or refuses
+    it with a scaled rope, which transformers cannot run.
     `weights`/`prefix`: how a layer's tensors are read (`{prefix}layers.{i}.`), a callable taking
     the Decoder where the prefix depends on the checkpoint. `decoder`: for a decoder whose inputs and
     outputs are not the shared contract (Whisper's int32 ids, self and cross caches, no attention
@@ -152,6 +171,7 @@ class Family:
     ignored: tuple[str, ...] = ()
     quant_methods: tuple[str, ...] = ()
     package: dict[str, str] = field(default_factory=dict)
+    partial_rotary: bool = False
     parser: Callable[[Family, dict[str, Any], str], Any] = parse
     rotary: Callable[[Decoder], Any] = rotary
     prepare: Callable[[Decoder], Any] | None = None

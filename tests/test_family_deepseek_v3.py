@@ -63,6 +63,15 @@ def test_without_q_lora_and_rotate_half(tmp_path):
     assert_steps_match(build(source, tmp_path / "out", "-p", "fp32"), load(source))
 
 
+@pytest.mark.parametrize("interleave", [True, False])
+def test_a_rotary_part_the_fused_rotary_cannot_take(tmp_path, interleave):
+    # qk_rope_head_dim 8 (4 pairs): GroupQueryAttention's fused rotary takes cos tables of a multiple
+    # of 8 pairs only, so q_pe and k_pe are rotated before it (an ExplicitRotary); the layer handed
+    # those tables to GroupQueryAttention as if fused, a model ONNX Runtime refuses to run.
+    source = make(tmp_path / "src", qk_rope_head_dim=8, rope_interleave=interleave)
+    assert_steps_match(build(source, tmp_path / "out", "-p", "fp32"), load(source))
+
+
 def test_cache_contract(source, tmp_path):
     """One KV head of rope + rank per layer: the latent, not the heads' keys and values."""
     out = build(source, tmp_path / "out", "-p", "fp32")

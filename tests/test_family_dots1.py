@@ -170,8 +170,8 @@ def test_matches_transformers_config(config):
 
 @pytest.mark.parametrize("config, message", [
     ({}, "n_routed_experts, num_experts_per_tok, n_shared_experts missing"),
-    (dict(n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, partial_rotary_factor=0.5),
-     "rotates the whole head"),
+    (dict(n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, partial_rotary_factor=0.5,
+          rope_scaling={"rope_type": "linear", "factor": 2.0}), "rotates the whole head"),
     (dict(n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, max_window_layers=None),
      "max_window_layers is null"),
     (dict(n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, n_group=3), "split the experts evenly"),
@@ -179,6 +179,18 @@ def test_matches_transformers_config(config):
 def test_what_transformers_cannot_build_is_refused(config, message):
     with pytest.raises(BuildError, match=message):
         architectures.load(ARCHITECTURE).parse_config({**config, "architectures": [ARCHITECTURE]}, ARCHITECTURE)
+
+
+def test_a_partial_rotary_factor_is_ignored_as_transformers_does():
+    # Dots1's default rotary (its own compute_default_rope_parameters) rotates the whole head, and
+    # transformers runs such a config; builder refused it ("rotates the whole head").
+    raw = dict(TINY, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, partial_rotary_factor=0.5,
+               architectures=[ARCHITECTURE])
+    hf = transformers.Dots1Config(**raw)
+    model = transformers.AutoModelForCausalLM.from_config(hf)
+    c = architectures.load(ARCHITECTURE).parse_config(raw, ARCHITECTURE)
+    assert "partial_rotary_factor" not in c.rope_parameters
+    assert model.model.rotary_emb.inv_freq.shape == (c.head_dim // 2,)
 
 
 def test_dense_only_needs_no_expert_keys():

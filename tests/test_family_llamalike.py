@@ -16,7 +16,7 @@ from test_genai import assert_same_greedy
 
 import architectures
 from builder.blocks import sequence_lengths
-from builder.blocks.attention import attention_temperature
+from builder.blocks.attention_positions import attention_temperature
 from builder.graph import Graph
 from builder.target import Target
 

@@ -52,6 +52,17 @@ def test_fp32_prefill_and_decode_match_transformers(source, tmp_path):
         assert (g.argmax(-1) == w.argmax(-1)).all(), f"step {step}: argmax differs"
 
 
+def test_a_rotary_width_the_fused_rotary_cannot_take(tmp_path):
+    # head_dim 48 with partial_rotary_factor 0.25 rotates 12 dimensions (6 pairs): GroupQueryAttention's
+    # fused rotary needs a multiple of 8 pairs. The build succeeded and the first run failed in
+    # GroupQueryAttention ("cos_cache dimension 1 must be <= head_size / 2 and a multiple of 8").
+    make_checkpoint(tmp_path / "src", "Qwen3_5TextConfig", **{**CONFIG, "head_dim": 48, "partial_rotary_factor": 0.25})
+    out = build(tmp_path / "src", tmp_path / "out", "-p", "fp32")
+    want, fed = reference_steps(load(tmp_path / "src"), PROMPT, STEPS)
+    for step, (g, w) in enumerate(zip(onnx_steps(out, PROMPT, fed), want)):
+        assert relative_error(g, w) < 1e-4, f"step {step}: relative error {relative_error(g, w):.2e}"
+
+
 def test_state_contract(source, tmp_path):
     """Attention layers: KV only; linear layers: past.%d.conv (batch, 2·key_dim + value_dim, kernel−1)
     and past.%d.recurrent (batch, value_heads, key_head_dim, value_head_dim), with their presents;

@@ -8,6 +8,7 @@ Rotary tables GroupQueryAttention cannot fuse (an `ExplicitRotary`) rotate q and
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,7 +16,7 @@ import onnx_ir as ir
 
 from builder.blocks.linear import linear
 from builder.blocks.norm import layer_norm, rms_norm
-from builder.blocks.rope import ExplicitRotary
+from builder.blocks.rope import ExplicitRotary, fused_rotary_fits
 from builder.errors import BuildError
 from builder.graph import Graph
 from builder.lazy import Weight
@@ -258,6 +259,17 @@ def group_query_attention(
     `attention_bias` (B or 1, 1, S, total) added to the scores, indexed by absolute key position.
     Returns (out (B, S, num_heads·head_dim), present_key, present_value). A standard-ops target
     runs ONNX's Attention instead (standard_attention)."""
+    if isinstance(rotary, ExplicitRotary):
+        # It iterates as (cos, sin), so it would pass for the fused tables: GroupQueryAttention then
+        # takes a rotary width it cannot (cos_cache's width must be a multiple of 8) and the model
+        # fails in its first run (a gated-attention layer did so with Qwen3.5's 12-wide rotary).
+        raise ValueError("explicit rotary tables rotate q and k before GroupQueryAttention, never inside it")
+    half = rotary[0].shape[-1] if rotary is not None and rotary[0].shape is not None else None
+    if isinstance(half, int) and not fused_rotary_fits(2 * half, spec.head_dim):
+        raise ValueError(f"GroupQueryAttention cannot rotate a head of {spec.head_dim} by {2 * half}: "
+                         "rotary_tables(head_size=...) gives an ExplicitRotary for it")
+    if spec.head_dim != kv_head_size(spec.head_dim):
+        return _padded_heads(g, qkv, past, lengths, rotary, sinks, spec, target, attention_bias)
     if target.standard_ops:
         if rotary is not None:
             raise ValueError("a standard-ops target rotates q and k before the attention (ExplicitRotary)")
@@ -289,6 +301,46 @@ def group_query_attention(
         rotary_interleaved=int(spec.rotary_interleaved) if rotary is not None else None,
         **quantized,
     )
+
+
+def kv_head_size(head_dim: int) -> int:
+    """The head size attention runs at and a KV cache stores: `head_dim` rounded up to a multiple
+    of 8. ONNX Runtime's GroupQueryAttention refuses other sizes at the model's first run ("head_size
+    must be a multiple of 8"), after its session was made; a head of 20 runs as 24, zeros after."""
+    return -(-head_dim // 8) * 8
+
+
+def _padded_heads(g: Graph, qkv: tuple[ir.Value, ir.Value | None, ir.Value | None], past: tuple[ir.Value, ir.Value],
+                  lengths: SequenceLengths, rotary: tuple[ir.Value, ir.Value] | None, sinks: Weight | None,
+                  spec: AttentionSpec, target: Target,
+                  attention_bias: ir.Value | None) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """group_query_attention for a head size that is not a multiple of 8: each head of q, k and v
+    padded with zeros to kv_head_size (q·k and the softmax unchanged, at the real head's scale; v's
+    extra outputs zero) and the output cut back. The KV cache holds the padded heads."""
+    if rotary is not None:
+        raise ValueError("a padded head is rotated before the attention (rotary_tables(head_size=...))")
+    D, padded = spec.head_dim, kv_head_size(spec.head_dim)
+    q, k, v = qkv
+    if k is None:  # the packed projection: (B, S, Hq·D + 2·Hkv·D) -> q, k, v
+        q_dim, kv_dim = spec.num_heads * D, spec.num_kv_heads * D
+        q, k, v = g.op.Split(q, g.constant([q_dim, kv_dim, kv_dim], "int64"), axis=-1, _outputs=3)
+    zeros = g.constant([0, 0, 0, 0, 0, 0, 0, padded - D], "int64")
+
+    def pad(x: ir.Value, heads: int) -> ir.Value:
+        x = g.op.Reshape(x, g.constant([0, 0, heads, D], "int64"))  # (B, S, H·D) -> (B, S, H, D)
+        x = g.op.Pad(x, zeros)  # -> (B, S, H, padded)
+        return g.op.Reshape(x, g.constant([0, 0, heads * padded], "int64"))  # -> (B, S, H·padded)
+
+    with g.scope("pad_heads"):
+        padded_qkv = (pad(q, spec.num_heads), pad(k, spec.num_kv_heads), pad(v, spec.num_kv_heads))
+    wide = dataclasses.replace(spec, head_dim=padded, scale=spec.scale if spec.scale is not None else D ** -0.5)
+    out, present_k, present_v = group_query_attention(g, padded_qkv, past, lengths, None, sinks, wide, target,
+                                                      attention_bias)
+    with g.scope("unpad_heads"):
+        out = g.op.Reshape(out, g.constant([0, 0, spec.num_heads, padded], "int64"))  # (B, S, Hq, padded)
+        out = g.op.Slice(out, g.constant([0], "int64"), g.constant([D], "int64"), g.constant([3], "int64"))
+        out = g.op.Reshape(out, g.constant([0, 0, spec.num_heads * D], "int64"))  # (B, S, Hq·D)
+    return out, present_k, present_v
 
 
 def standard_attention(
@@ -341,49 +393,3 @@ def standard_mask(g: Graph, q: ir.Value, lengths: SequenceLengths, window: int) 
         mask = g.op.Unsqueeze(g.op.Or(seen, itself), i64([1]))  # (B, S, T) -> (B, 1, S, T)
     lengths.masks[window] = mask
     return mask
-
-
-def new_token_positions(g: Graph, tokens: ir.Value, lengths: SequenceLengths) -> ir.Value:
-    """(B, S) int32: each new token's position, the tokens before it: seqlens_k + 1 − S, at least
-    0 (a first prompt's right padding), plus its index among the new ones."""
-    one = g.constant(1, np.int32)
-    new = g.op.Shape(tokens, start=1, end=2)  # (1,): S
-    new = g.op.Cast(g.op.Squeeze(new, g.constant([0], "int64")), to=ir.DataType.INT32)
-    before = g.op.Max(g.op.Sub(g.op.Add(lengths.seqlens_k, one), new), g.constant(0, np.int32))  # (B,)
-    return g.op.Add(g.op.Unsqueeze(before, g.constant([1], "int64")),
-                    g.op.Range(g.constant(0, np.int32), new, one))  # (B, 1) + (S,) -> (B, S)
-
-
-def attention_temperature(
-    g: Graph, input_ids: ir.Value, lengths: SequenceLengths, beta: float, original_max_positions: int, target: Target,
-    offset: int = 0,
-) -> ir.Value:
-    """Llama 4's attention temperature (transformers' ministral3 `get_llama_4_attn_scale`), the
-    `q_scale` of self_attention: 1 + beta·log(1 + ⌊(position + offset) / original_max_positions⌋)
-    per token, (B, S, 1), in float32 as there (Llama 4's own modeling file counts from 1: offset 1)."""
-    with g.scope("model", "attn_temperature"):
-        positions = new_token_positions(g, input_ids, lengths)
-        if offset:
-            positions = g.op.Add(positions, g.constant(offset, np.int32))
-        blocks = g.op.Div(positions, g.constant(int(original_max_positions), np.int32))  # floor: both ≥ 0
-        f_one = g.constant(1.0, np.float32)
-        log = g.op.Log(g.op.Add(g.op.Cast(blocks, to=ir.DataType.FLOAT), f_one))
-        scale = g.op.Add(g.op.Mul(log, g.constant(float(beta), np.float32)), f_one)
-        scale = g.op.Cast(scale, to=ir.DataType.from_numpy(target.io_dtype))
-        return g.op.Unsqueeze(scale, g.constant([2], "int64"))  # (B, S) -> (B, S, 1)
-
-
-def chunk_mask(g: Graph, tokens: ir.Value, attention_mask: ir.Value, lengths: SequenceLengths, chunk: int,
-               target: Target) -> ir.Value:
-    """(B, 1, S, total) attention_bias of chunked attention (Llama 4's local layers): 0 where the key
-    is in the query's chunk of `chunk` positions (⌊t / chunk⌋ = ⌊p / chunk⌋), −∞ elsewhere;
-    GroupQueryAttention keeps it causal."""
-    with g.scope("model", "chunk_mask"):
-        size = g.constant(int(chunk), np.int32)
-        queries = g.op.Div(new_token_positions(g, tokens, lengths), size)  # (B, S)
-        total = g.op.Cast(g.op.Squeeze(g.op.Shape(attention_mask, start=1, end=2), g.constant([0], "int64")),
-                          to=ir.DataType.INT32)
-        keys = g.op.Div(g.op.Range(g.constant(0, np.int32), total, g.constant(1, np.int32)), size)  # (total,)
-        same = g.op.Equal(g.op.Unsqueeze(queries, g.constant([1, 3], "int64")), keys)  # (B, 1, S, total)
-        dtype = np.dtype(target.io_dtype)
-        return g.op.Where(same, g.constant(0.0, dtype), g.constant(-np.inf, dtype))

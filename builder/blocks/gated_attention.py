@@ -16,6 +16,7 @@ from builder.blocks.attention import (
     _queries_keys_values,
 )
 from builder.blocks.linear import linear
+from builder.blocks.rope import ExplicitRotary
 from builder.graph import Graph
 from builder.lazy import Weight
 from builder.target import Target
@@ -30,13 +31,18 @@ def split_query_gate(q_proj: Weight, heads: int, head_dim: int) -> tuple[Weight,
 
 def gated_self_attention(
     g: Graph, x: ir.Value, past: tuple[ir.Value, ir.Value], lengths: SequenceLengths,
-    rotary: tuple[ir.Value, ir.Value], w: AttentionWeights, gate: Weight, spec: AttentionSpec, target: Target,
+    rotary: tuple[ir.Value, ir.Value] | ExplicitRotary, w: AttentionWeights, gate: Weight, spec: AttentionSpec,
+    target: Target,
 ) -> tuple[ir.Value, ir.Value, ir.Value]:
     """Returns (the gated attention output after o_proj, present key, present value); q and k are
-    normed per head (w.q_norm, w.k_norm) and rotated by GroupQueryAttention (`rotary`: cos, sin)."""
+    normed per head (w.q_norm, w.k_norm) and rotated: by GroupQueryAttention (`rotary`: cos, sin),
+    or before it (an ExplicitRotary: a rotary width GroupQueryAttention cannot take, as a 48-wide
+    head's 0.25 = 12)."""
     qkv = _qkv_projection(g, x, w, spec, target)
-    q, k, v = _queries_keys_values(g, qkv, None, lengths, w, spec, target, None)
-    out, present_k, present_v = group_query_attention(g, (q, k, v), past, lengths, rotary, w.sinks, spec, target)
+    explicit = rotary if isinstance(rotary, ExplicitRotary) else None
+    q, k, v = _queries_keys_values(g, qkv, explicit, lengths, w, spec, target, None)
+    fused = None if explicit is not None else rotary
+    out, present_k, present_v = group_query_attention(g, (q, k, v), past, lengths, fused, w.sinks, spec, target)
     with g.scope("gate"):
         out = g.op.Mul(out, g.op.Sigmoid(linear(g, x, gate, target)))
     with g.scope("o_proj"):

@@ -59,6 +59,11 @@ class Rope:
         if rope_type == "proportional":
             return cls(proportional_inv_freq(params, base, head_dim))
         dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
+        if dim % 2:
+            # transformers makes ceil(dim / 2) frequencies, cos/sin one wider than the part it
+            # rotates, and its forward fails; a rotation turns pairs.
+            raise BuildError(f"partial_rotary_factor {params.get('partial_rotary_factor')} of a {head_dim}-wide head "
+                             f"rotates {dim} dimensions, an odd number: a rotary embedding turns pairs")
         inv_freq = default_inv_freq(base, dim)
         if rope_type in ("default", "dynamic"):
             # Dynamic NTK only departs from the default past max_position_embeddings, beyond the
@@ -114,10 +119,18 @@ def llama3_inv_freq(inv_freq: np.ndarray, params: dict[str, Any]) -> np.ndarray:
     old_context = params["original_max_position_embeddings"]
     wavelen = (2 * math.pi / inv_freq).astype(np.float32)
     scaled = np.where(wavelen > old_context / low, inv_freq / np.float32(factor), inv_freq).astype(np.float32)
-    smooth = ((old_context / wavelen - low) / (high - low)).astype(np.float32)
-    smoothed = ((1 - smooth) * scaled / np.float32(factor) + smooth * scaled).astype(np.float32)
     medium = ~(wavelen < old_context / high) & ~(wavelen > old_context / low)
-    return np.where(medium, smoothed, scaled).astype(np.float32)
+    # low == high (Llama 4 Scout: both 1.0) leaves no band between the two wavelengths, and the ramp
+    # divides by zero; low > high leaves none either. transformers computes the ramp everywhere
+    # and takes it only inside the band, so only a wavelength exactly on the edge reads it.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        smooth = ((old_context / wavelen - low) / np.float32(high - low)).astype(np.float32)
+        smoothed = ((1 - smooth) * scaled / np.float32(factor) + smooth * scaled).astype(np.float32)
+    result = np.where(medium, smoothed, scaled).astype(np.float32)
+    if not np.isfinite(result).all():
+        raise BuildError(f"llama3 rope: low_freq_factor = high_freq_factor ({low}) puts a frequency exactly on the "
+                         "band's edge, where transformers' ramp is 0/0: the model would compute NaN")
+    return result
 
 
 def yarn(params: dict[str, Any], base: float, dim: int, max_position_embeddings: int) -> Rope:
@@ -170,19 +183,30 @@ def longrope(params: dict[str, Any], base: float, dim: int, max_position_embeddi
     return Rope(inv_freq.astype(np.float32), float(attention_factor))
 
 
+def fused_rotary_fits(rotary_dim: int, head_size: int) -> bool:
+    """Whether GroupQueryAttention's fused rotary (do_rotary=1) takes these widths: ONNX Runtime's
+    kernels refuse a cos_cache whose width (rotary_dim / 2) is not a multiple of 8 and, when they
+    rotate, a head_size that is not a multiple of 16 ("head_size shall be a multiple of 16"), at
+    the model's first run, not when the session is made."""
+    return rotary_dim % 16 == 0 and head_size % 16 == 0
+
+
 def rotary_tables(
     g: Graph, rope: Rope, max_positions: int, target: Target, name: str = "", explicit: bool = False,
+    head_size: int | None = None,
 ) -> tuple[ir.Value, ir.Value]:
     """Registers the cos/sin caches as initializers `model.rotary_emb.<name>cos_cache` / `sin_cache`.
 
     Returns them as a (cos, sin) pair for GroupQueryAttention's fused rotary, or as an
-    `ExplicitRotary` when that cannot do it: a rotary dimension that is not a multiple of 16, or
-    `explicit` (something must run between the rotation and the attention, as HunYuan's q/k norms).
+    `ExplicitRotary` when that cannot do it: widths it does not take (fused_rotary_fits; `head_size`:
+    the attention's head, default the rotary's width), or `explicit` (something must run between
+    the rotation and the attention, as HunYuan's q/k norms).
     """
     cos, sin = rope.caches(target.positions(max_positions), target.io_dtype)
     with g.scope("model", "rotary_emb"):
         tables = g.weight(f"{name}cos_cache", cos), g.weight(f"{name}sin_cache", sin)
-    if explicit or rope.rotary_dim % 16 or not target.provider.fused_rotary or target.standard_ops:
+    fits = fused_rotary_fits(rope.rotary_dim, head_size or rope.rotary_dim)
+    if explicit or not fits or not target.provider.fused_rotary or target.standard_ops:
         return ExplicitRotary(*tables, rope.rotary_dim, target.standard_ops)
     return tables
 
@@ -289,11 +313,12 @@ def rotary_tables_by_layer_type(
     layers, or one per layer type (`{"full_attention": {...}, "sliding_attention": {...}}`, as
     Gemma 3's config resolves): then each type gets its own tables, `full_cos_cache`, ...."""
     if not all(t in parameters for t in layer_types):
-        tables = rotary_tables(g, Rope.from_parameters(parameters, head_dim, max_positions), max_positions, target)
+        tables = rotary_tables(g, Rope.from_parameters(parameters, head_dim, max_positions), max_positions, target,
+                               head_size=head_dim)
         return {t: tables for t in layer_types}
     return {
         t: rotary_tables(g, Rope.from_parameters(parameters[t], head_dim, max_positions), max_positions, target,
-                         t.split("_")[0] + "_")
+                         t.split("_")[0] + "_", head_size=head_dim)
         for t in dict.fromkeys(layer_types)
     }
 
@@ -308,8 +333,10 @@ def longrope_tables(
     attention factor of `params` (Phi-3.5-MoE's long_mscale: its scale switches with the tables)."""
     base, dim = float(params["rope_theta"]), int(head_dim * params.get("partial_rotary_factor", 1.0))
     long_params = params if long_attention_factor is None else {**params, "attention_factor": long_attention_factor}
-    short = rotary_tables(g, longrope(params, base, dim, max_positions, long=False), max_positions, target, "short_")
-    long = rotary_tables(g, longrope(long_params, base, dim, max_positions, long=True), max_positions, target, "long_")
+    short = rotary_tables(g, longrope(params, base, dim, max_positions, long=False), max_positions, target, "short_",
+                          head_size=head_dim)
+    long = rotary_tables(g, longrope(long_params, base, dim, max_positions, long=True), max_positions, target, "long_",
+                         head_size=head_dim)
     with g.scope("model", "rotary_emb"):
         threshold = g.constant(params["original_max_position_embeddings"], np.int32)
         is_long = g.op.Greater(total_sequence_length, threshold)
