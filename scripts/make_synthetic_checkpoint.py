@@ -22,6 +22,16 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+# Real hub config.json files, copied from public sources (tests/data/hub_configs/SOURCES.md says
+# where from): the presets that have one take it as is.
+HUB_CONFIGS = Path(__file__).resolve().parent.parent / "tests" / "data" / "hub_configs"
+
+
+def hub_config(folder: str) -> dict:
+    """The config.json of tests/data/hub_configs/`folder`."""
+    return json.loads((HUB_CONFIGS / folder / "config.json").read_text())
+
+
 SHARD_BYTES = 5 * 10**9
 CHUNK_ELEMENTS = 1 << 24  # 32 MB of bf16 per write
 
@@ -38,23 +48,9 @@ LLAMA_3_1_8B = {
     **LLAMA_3_2_1B, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "head_dim": 128,
     "rope_scaling": {**LLAMA_3_2_1B["rope_scaling"], "factor": 8.0}, "tie_word_embeddings": False,
 }
-QWEN3_0_6B = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024,
-    "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
-    "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000, "tie_word_embeddings": True, "attention_bias": False, "bos_token_id": 151643,
-    "eos_token_id": 151645, "torch_dtype": "bfloat16",
-}
+QWEN3_0_6B = hub_config("Qwen__Qwen3-0.6B")  # the hub's config.json
 
-GEMMA_3_1B_IT = {
-    "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": 262144, "hidden_size": 1152,
-    "intermediate_size": 6912, "num_hidden_layers": 26, "num_attention_heads": 4, "num_key_value_heads": 1,
-    "head_dim": 256, "query_pre_attn_scalar": 256, "sliding_window": 512, "sliding_window_pattern": 6,
-    "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "rope_scaling": None, "max_position_embeddings": 32768,
-    "final_logit_softcapping": None, "attn_logit_softcapping": None, "rms_norm_eps": 1e-6,
-    "hidden_activation": "gelu_pytorch_tanh", "bos_token_id": 2, "eos_token_id": [1, 106], "pad_token_id": 0,
-    "tie_word_embeddings": True, "torch_dtype": "bfloat16",
-}
+GEMMA_3_1B_IT = hub_config("google__gemma-3-1b-it")  # the hub's config.json (as printed in a model README)
 GEMMA_3_12B_IT = {
     "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "boi_token_index": 255999,
     "eoi_token_index": 256000, "image_token_index": 262144, "mm_tokens_per_image": 256, "eos_token_id": [1, 106],
@@ -72,20 +68,7 @@ GEMMA_3_12B_IT = {
         "num_attention_heads": 16, "patch_size": 14, "image_size": 896, "vision_use_head": False,
     },
 }
-QWEN2_5_VL_7B = {  # Qwen/Qwen2.5-VL-7B-Instruct's config.json (the hub's flat form), from memory
-    "architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl", "hidden_size": 3584,
-    "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
-    "vocab_size": 152064, "max_position_embeddings": 128000, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
-    "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}, "sliding_window": 32768,
-    "use_sliding_window": False, "max_window_layers": 28, "tie_word_embeddings": False, "bos_token_id": 151643,
-    "eos_token_id": 151645, "image_token_id": 151655, "video_token_id": 151656, "vision_start_token_id": 151652,
-    "vision_end_token_id": 151653, "torch_dtype": "bfloat16",
-    "vision_config": {
-        "depth": 32, "hidden_act": "silu", "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
-        "in_chans": 3, "out_hidden_size": 3584, "patch_size": 14, "spatial_merge_size": 2, "spatial_patch_size": 14,
-        "window_size": 112, "fullatt_block_indexes": [7, 15, 23, 31], "tokens_per_second": 2, "temporal_patch_size": 2,
-    },
-}
+QWEN2_5_VL_7B = hub_config("Qwen__Qwen2.5-VL-7B-Instruct")  # the hub's config.json
 QWEN3_VL_8B = {  # Qwen/Qwen3-VL-8B-Instruct's config.json, from memory
     "architectures": ["Qwen3VLForConditionalGeneration"], "model_type": "qwen3_vl", "image_token_id": 151655,
     "video_token_id": 151656, "vision_start_token_id": 151652, "vision_end_token_id": 151653,
@@ -202,15 +185,7 @@ OLMO_3_7B = {
     "rope_scaling": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 8192,
                      "attention_factor": 1.2079441541679836, "beta_fast": 32, "beta_slow": 1},
 }
-EXAONE_4_32B = {
-    "architectures": ["Exaone4ForCausalLM"], "model_type": "exaone4", "vocab_size": 102400, "hidden_size": 5120,
-    "intermediate_size": 27392, "num_hidden_layers": 64, "num_attention_heads": 40, "num_key_value_heads": 8,
-    "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
-    "rope_theta": 1000000, "rope_scaling": {"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}, "sliding_window": 4096,
-    "sliding_window_pattern": 4, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 361,
-    "pad_token_id": 0, "torch_dtype": "bfloat16",
-}
+EXAONE_4_32B = hub_config("LGAI-EXAONE__EXAONE-4.0-32B")  # the hub's config.json
 
 HUNYUAN_7B_INSTRUCT = {
     "architectures": ["HunYuanDenseV1ForCausalLM"], "model_type": "hunyuan_v1_dense", "vocab_size": 128167,
@@ -303,15 +278,7 @@ OLMOE_1B_7B = {
     "tie_word_embeddings": False, "bos_token_id": None, "eos_token_id": 50279, "pad_token_id": 1,
     "torch_dtype": "bfloat16",
 }
-QWEN3_30B_A3B = {
-    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048,
-    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
-    "num_key_value_heads": 4, "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 40960,
-    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "rope_scaling": None, "attention_bias": False,
-    "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1,
-    "mlp_only_layers": [], "use_sliding_window": False, "sliding_window": None, "max_window_layers": 48,
-    "tie_word_embeddings": False, "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16",
-}
+QWEN3_30B_A3B = hub_config("Qwen__Qwen3-30B-A3B")  # the hub's config.json
 # ibm-granite/granite-3.1-3b-a800m-instruct's shapes.
 GRANITE_3_1_3B_A800M = {
     "architectures": ["GraniteMoeForCausalLM"], "model_type": "granitemoe", "vocab_size": 49155, "hidden_size": 1536,
@@ -463,20 +430,7 @@ NEMOTRON_NANO_9B_V2 = {
     "torch_dtype": "bfloat16",
 }
 
-# Qwen/Qwen3-Next-80B-A3B-Instruct's shapes, from memory (not checked against the hub): 48 layers,
-# every 4th gated attention (16 query heads of 256, 2 KV heads), the others gated DeltaNet (16 key
-# heads and 32 value heads of 128, fused in_proj_qkvz / in_proj_ba), 512 experts of 512 (top 10)
-# and a shared expert of 512 in every layer.
-QWEN3_NEXT_80B_A3B = {
-    "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "vocab_size": 151936, "hidden_size": 2048,
-    "intermediate_size": 5120, "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2,
-    "head_dim": 256, "hidden_act": "silu", "max_position_embeddings": 262144, "rms_norm_eps": 1e-6,
-    "rope_theta": 10000000, "partial_rotary_factor": 0.25, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
-    "linear_value_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
-    "full_attention_interval": 4, "num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512,
-    "shared_expert_intermediate_size": 512, "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
-    "tie_word_embeddings": False, "bos_token_id": 151643, "eos_token_id": 151645, "torch_dtype": "bfloat16",
-}
+QWEN3_NEXT_80B_A3B = hub_config("Qwen__Qwen3-Next-80B-A3B-Thinking")  # the Thinking model's config.json: the Instruct model's shapes
 
 # tiiuae/Falcon-H1-1.5B-Instruct's shapes, from memory (not checked against the hub): 24 layers, each
 # Mamba-2 (24 heads of 64 over mamba_d_ssm 1536, one group, state 256) beside GQA attention (8 query
@@ -496,23 +450,7 @@ FALCON_H1_1_5B = {
     "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 11, "pad_token_id": 0, "torch_dtype": "bfloat16",
 }
 
-# nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B's shapes, from memory (not checked against the hub; the
-# pattern is approximate): 52 layers of Mamba-2 (64 heads of 64, 8 groups, state 128), experts
-# (128 relu² experts of 1856, top 6, a shared one of 3712) and six attention layers (32 query heads
-# of 128, 2 KV heads, no rotary).
-NEMOTRON_3_NANO_30B_A3B = {
-    "architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "vocab_size": 131072, "hidden_size": 2688,
-    "intermediate_size": 1856, "num_hidden_layers": 52, "num_attention_heads": 32, "num_key_value_heads": 2,
-    "head_dim": 128, "max_position_embeddings": 262144, "layer_norm_epsilon": 1e-5, "mlp_hidden_act": "relu2",
-    "mamba_num_heads": 64, "mamba_head_dim": 64, "ssm_state_size": 128, "n_groups": 8, "conv_kernel": 4,
-    "chunk_size": 128, "use_conv_bias": True, "use_bias": False, "time_step_min": 0.001,
-    "n_routed_experts": 128, "num_experts_per_tok": 6, "moe_intermediate_size": 1856,
-    "moe_shared_expert_intermediate_size": 3712, "n_group": 1, "topk_group": 1, "norm_topk_prob": True,
-    "routed_scaling_factor": 2.5,
-    "hybrid_override_pattern": "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
-    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
-    "torch_dtype": "bfloat16",
-}
+NEMOTRON_3_NANO_30B_A3B = hub_config("nvidia__NVIDIA-Nemotron-3-Nano-30B-A3B-BF16")  # the hub's config.json
 
 # deepseek-ai/DeepSeek-V3's shapes (also R1's), from memory (not checked against the hub): 61
 # layers of MLA (128 heads; q rank 1536, kv rank 512, rope 64, nope 128, v 128; YaRN ×40), the
@@ -554,7 +492,9 @@ LLAMA_4_SCOUT = {
     "rms_norm_eps": 1e-5, "num_local_experts": 16, "num_experts_per_tok": 1, "interleave_moe_layer_step": 1,
     "use_qk_norm": True, "attention_chunk_size": 8192, "attn_temperature_tuning": True, "floor_scale": 8192,
     "attn_scale": 0.1, "rope_theta": 500000.0,
-    "rope_scaling": {"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+    # Equal frequency factors, as the Instruct model's text_config has them (RedHat's FP8 copy of its
+    # config.json, tests/data/hub_configs/): no smoothing band.
+    "rope_scaling": {"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0, "high_freq_factor": 1.0,
                      "original_max_position_embeddings": 8192},
     "tie_word_embeddings": False, "bos_token_id": 200000, "eos_token_id": [200001, 200007, 200008],
     "pad_token_id": 200018, "torch_dtype": "bfloat16",
@@ -1046,6 +986,23 @@ def granitemoe_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
             yield p + "input_linear.weight", (E, 2 * I, H)
             yield p + "output_linear.weight", (E, H, I)
 
+def mixtral_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Mixtral: Llama's attention and norms; the MLP a router block_sparse_moe.gate and per-expert
+    w1 (gate), w3 (up), w2 (down) Linears under block_sparse_moe.experts.{e}."""
+    H, I, E = c["hidden_size"], c["intermediate_size"], c["num_local_experts"]
+    for name, shape in llama_tensors(c):
+        if ".mlp." in name:
+            continue
+        yield name, shape
+        if name.endswith("post_attention_layernorm.weight"):
+            p = name.removesuffix("post_attention_layernorm.weight") + "block_sparse_moe."
+            yield p + "gate.weight", (E, H)
+            for e in range(E):
+                yield p + f"experts.{e}.w1.weight", (I, H)
+                yield p + f"experts.{e}.w3.weight", (I, H)
+                yield p + f"experts.{e}.w2.weight", (H, I)
+
+
 def phimoe_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     """Phi-3.5-MoE: LayerNorms with biases, Llama's attention (biased), Mixtral's experts (w1, w3, w2 under
     block_sparse_moe.experts.{e}, the router block_sparse_moe.gate), an lm_head bias."""
@@ -1282,7 +1239,10 @@ def nemotron_h_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     """Nemotron-H, under the hub's backbone.* names: per layer its norm and one mixer (Mamba-2,
     attention, the relu² MLP's up_proj/down_proj, or relu² experts) by hybrid_override_pattern."""
     H, V, I = c["hidden_size"], c["vocab_size"], c["intermediate_size"]
-    heads, kv, D = c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"]
+    # The hub's older configs (Nemotron-H-8B/47B/56B) name the attention's head width attention_head_dim
+    # (their remote configuration_nemotron_h.py's key); the checkpoint's projections are that wide.
+    heads, kv = c["num_attention_heads"], c["num_key_value_heads"]
+    D = c.get("head_dim") or c.get("attention_head_dim") or H // heads
     yield "backbone.embeddings.weight", (V, H)
     for i, kind in enumerate(c["hybrid_override_pattern"]):
         p = f"backbone.layers.{i}."
@@ -1305,6 +1265,25 @@ def nemotron_h_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
             yield from ((p + f"mixer.{w}.weight", shape) for w, shape in (("up_proj", (I, H)), ("down_proj", (H, I))))
     yield "backbone.norm_f.weight", (H,)
     yield "lm_head.weight", (V, H)
+
+
+def qwen3_5_moe_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Qwen3.5-MoE's text decoder: Qwen3.5's layers, each MLP the sparse block (router mlp.gate,
+    per-expert gate/up/down_proj under mlp.experts.{e}, shared_expert and its [1, H] gate); lm_head
+    untied."""
+    H, E, I, S = c["hidden_size"], c["num_experts"], c["moe_intermediate_size"], c["shared_expert_intermediate_size"]
+    for name, shape in qwen3_5_tensors({**c, "intermediate_size": c.get("intermediate_size") or 0}):  # no dense MLP
+        if ".mlp." not in name:
+            yield name, shape
+        elif name.endswith("mlp.gate_proj.weight"):  # the layer's sparse block, in the dense MLP's place
+            p = name[: -len("gate_proj.weight")]
+            yield p + "gate.weight", (E, H)
+            for e in range(E):
+                yield from _swiglu(p + f"experts.{e}.", I, H)
+            yield from _swiglu(p + "shared_expert.", S, H)
+            yield p + "shared_expert_gate.weight", (1, H)
+    if not c.get("tie_word_embeddings"):
+        yield "lm_head.weight", (c["vocab_size"], H)
 
 
 def qwen3_next_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
@@ -1419,7 +1398,9 @@ def gemma4_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     """Gemma 4's text decoder: Gemma 3's sandwich-normed layers with a layer_scalar; full layers
     of global_head_dim (with attention_k_eq_v, num_global_key_value_heads and no v_proj); the last
     num_kv_shared_layers without k/v projections and, with use_double_wide_mlp, MLPs twice as wide;
-    with hidden_size_per_layer_input, the per-layer table, its projections and each layer's gate."""
+    with hidden_size_per_layer_input, the per-layer table, its projections and each layer's gate;
+    with enable_moe_block, each layer's router (proj, scale, per_expert_scale), stacked experts
+    (gate_up_proj [E, 2M, H], down_proj [E, H, M]) and post_feedforward_layernorm_1/2, pre_feedforward_layernorm_2."""
     H, V, n, I = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"], c["intermediate_size"]
     heads, P = c["num_attention_heads"], c.get("hidden_size_per_layer_input") or 0
     shared_from = n - c.get("num_kv_shared_layers", 0)
@@ -1448,6 +1429,13 @@ def gemma4_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
                 yield p + "self_attn.v_proj.weight", (kv * D, H)
         width = 2 * I if i >= shared_from and c.get("use_double_wide_mlp") else I
         yield from _swiglu(p + "mlp.", width, H)
+        if c.get("enable_moe_block"):  # the router, the stacked GeGLU experts and their three norms
+            E, M = c["num_experts"], c["moe_intermediate_size"]
+            yield from ((p + name, shape) for name, shape in (
+                ("router.proj.weight", (E, H)), ("router.scale", (H,)), ("router.per_expert_scale", (E,)),
+                ("experts.gate_up_proj", (E, 2 * M, H)), ("experts.down_proj", (E, H, M)),
+                ("post_feedforward_layernorm_1.weight", (H,)), ("pre_feedforward_layernorm_2.weight", (H,)),
+                ("post_feedforward_layernorm_2.weight", (H,))))
         if P:
             yield p + "per_layer_input_gate.weight", (P, H)
             yield p + "per_layer_projection.weight", (H, P)
@@ -1520,6 +1508,7 @@ TENSORS = {
     "qwen3_5_text": qwen3_5_tensors, "granitemoehybrid": granitemoehybrid_tensors, "nemotron_h": nemotron_h_tensors,
     "qwen3_next": qwen3_next_tensors, "falcon_h1": falcon_h1_tensors, "deepseek_v3": deepseek_v3_tensors,
     "llama4_text": llama4_tensors, "gemma4_text": gemma4_tensors, "whisper": whisper_tensors,
+    "mixtral": mixtral_tensors, "qwen3_5_moe_text": qwen3_5_moe_tensors,
 }
 
 

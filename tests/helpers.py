@@ -44,9 +44,27 @@ def make_checkpoint(folder: Path, config_class: str, seed: int = 0, dtype=None, 
 
 
 def build(source: Path, out: Path, *flags: str) -> Path:
+    """Builds with the CLI, then opens every model file of the output in ONNX Runtime: whatever
+    builder writes, ONNX Runtime must load (assert_sessions_open)."""
     rc = main(["-m", str(source), "-o", str(out), "-q", *flags])
     assert rc == 0, f"build failed with exit code {rc}"
+    assert_sessions_open(out)
     return out
+
+
+def assert_sessions_open(out: Path) -> None:
+    """Every *.onnx of a build opens in an ONNX Runtime CPU session. A kernel the CPU lacks (a
+    bfloat16 or CUDA build's) is no failure: the graph was read and checked before kernels are
+    looked for; an invalid graph, type or attribute is."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # checks, not speed
+    for model in sorted(out.glob("*.onnx")):
+        try:
+            ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+        except ort.capi.onnxruntime_pybind11_state.NotImplemented:
+            pass
 
 
 def model_logits(model, ids: list[int], next_id: int | None = None):
