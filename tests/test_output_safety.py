@@ -40,6 +40,20 @@ def build(out, *flags):
     return out
 
 
+@pytest.fixture
+def signals_as_in_a_terminal():
+    """SIGINT and SIGTERM as a command typed in a terminal gets them (Python's KeyboardInterrupt,
+    the default action), whatever this test run inherited. A run started in the background of a
+    script (`pytest &` without job control) inherits SIGINT ignored, and builder rightly keeps an
+    ignored signal ignored (test_an_ignored_signal_stays_ignored_while_publishing): the Ctrl-C
+    tests then saw exit 0, as if the signal were lost. A subprocess inherits these too."""
+    wanted = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+    previous = {signum: signal.signal(signum, handler) for signum, handler in wanted.items()}
+    yield
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+
+
 def test_a_build_yaml_builder_did_not_write_is_not_replaced(tmp_path, capsys):
     app = tmp_path / "app"
     (app / "lib").mkdir(parents=True)
@@ -304,6 +318,7 @@ def signalled_mid_build(source, out, signum):
     return proc.returncode, stdout, stderr
 
 
+@pytest.mark.usefixtures("signals_as_in_a_terminal")
 def test_sigterm_is_an_interruption_that_leaves_nothing(slow_checkpoint, tmp_path):
     out = tmp_path / "parent" / "out"
     out.parent.mkdir()
@@ -313,6 +328,7 @@ def test_sigterm_is_an_interruption_that_leaves_nothing(slow_checkpoint, tmp_pat
     assert list(out.parent.iterdir()) == []
 
 
+@pytest.mark.usefixtures("signals_as_in_a_terminal")
 def test_a_signal_as_the_staging_folder_is_made_leaves_nothing(tmp_path, capsys, monkeypatch):
     # SIGTERM right after mkdtemp made the folder, before the build named it: it was left behind
     # (test_sigterm_is_an_interruption_that_leaves_nothing failed so now and then on a busy machine).
@@ -322,7 +338,7 @@ def test_a_signal_as_the_staging_folder_is_made_leaves_nothing(tmp_path, capsys,
 
     def mkdtemp_then_signalled(*args, **kwargs):
         folder = made(*args, **kwargs)
-        os.kill(os.getpid(), signal.SIGTERM)  # handled at the next bytecode, inside this call
+        signal.raise_signal(signal.SIGTERM)  # to this thread: handled inside this call
         return folder
 
     monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp_then_signalled)
@@ -333,6 +349,7 @@ def test_a_signal_as_the_staging_folder_is_made_leaves_nothing(tmp_path, capsys,
     assert list(out.parent.iterdir()) == []
 
 
+@pytest.mark.usefixtures("signals_as_in_a_terminal")
 def test_a_signal_inside_the_interpreters_locks_is_still_an_interruption(tmp_path, capsys, monkeypatch):
     # SIGTERM's KeyboardInterrupt, raised while the writer's thread pool re-took a Condition's lock,
     # came out of threading as "RuntimeError: release unlocked lock": exit 1 and a traceback, once in
@@ -341,7 +358,7 @@ def test_a_signal_inside_the_interpreters_locks_is_still_an_interruption(tmp_pat
 
     def save_one_signalled(*args, **kwargs):
         try:
-            os.kill(os.getpid(), signal.SIGTERM)  # handled at the next bytecode
+            signal.raise_signal(signal.SIGTERM)  # to this thread: handled inside this call
             time.sleep(5)
         except KeyboardInterrupt:
             raise RuntimeError("release unlocked lock")  # what threading.Condition.__exit__ raised
@@ -393,6 +410,7 @@ def test_the_staging_folder_of_a_running_build_is_not_removed(tmp_path, capsys):
     assert (staging / "model.onnx.data").read_bytes() == b"being written"
 
 
+@pytest.mark.usefixtures("signals_as_in_a_terminal")
 def test_a_signal_while_publishing_waits_until_the_output_is_complete(tmp_path, capsys, monkeypatch):
     import builder.publish
 
@@ -400,11 +418,35 @@ def test_a_signal_while_publishing_waits_until_the_output_is_complete(tmp_path, 
     real = builder.publish.exchange
 
     def signalled_mid_swap(staging, final):
-        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C: held until the swap is done and the old output gone
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C: held until the swap is done and the old output gone
         return real(staging, final)
 
     monkeypatch.setattr(builder.publish, "exchange", signalled_mid_swap)
     rc, err = run(capsys, "-m", EXAMPLE, "-o", out, "-q", "-p", "fp16", "--overwrite")
     assert rc == 130 and err == f"error: interrupted; {out} was already complete\n"
+    assert "precision: fp16" in (out / "build.yaml").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_an_ignored_signal_stays_ignored_while_publishing(tmp_path, capsys, monkeypatch):
+    # A Ctrl-C the caller ignores (`builder ... &` in a script) is not turned into one by holding it
+    # during the swap: the build completes, and SIGINT is still ignored afterwards.
+    import builder.publish
+
+    out = build(tmp_path / "out")
+    real = builder.publish.exchange
+
+    def signalled_mid_swap(staging, final):
+        signal.raise_signal(signal.SIGINT)
+        return real(staging, final)
+
+    monkeypatch.setattr(builder.publish, "exchange", signalled_mid_swap)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        rc, err = run(capsys, "-m", EXAMPLE, "-o", out, "-q", "-p", "fp16", "--overwrite")
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert (rc, err) == (0, "")
     assert "precision: fp16" in (out / "build.yaml").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
