@@ -119,9 +119,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The command line; returns the exit code (0, 2 for an error, 3 for a failed --verify, 128 +
     the signal for an interruption)."""
     received: list[int] = []
+    published: list[Path] = []  # the output, once it is complete (an interruption after it says so)
     restore = _interrupts_raise(received)
     try:
-        return _main(argv, received)
+        return _main(argv, received, published)
+    except KeyboardInterrupt as e:  # one outside _main's own handling: while parsing, or printing the path
+        return _interrupted(e, None, received, published)
     except BrokenPipeError:
         # stdout's reader is gone: stop quietly, as a process killed by SIGPIPE would. Pointing
         # stdout at /dev/null keeps Python's own flush at exit from failing again.
@@ -164,7 +167,7 @@ def _say(text: str) -> None:
     sys.stdout.flush()
 
 
-def _main(argv: Sequence[str] | None, received: list[int]) -> int:
+def _main(argv: Sequence[str] | None, received: list[int], published: list[Path]) -> int:
     try:
         args = vars(parser().parse_args(argv))
     except BuildError as e:
@@ -194,7 +197,7 @@ def _main(argv: Sequence[str] | None, received: list[int]) -> int:
         if flags["dry_run"]:
             _say(dry_run(options))
             return 0
-        out = build(options, progress=not flags["quiet"])
+        out = build(options, progress=not flags["quiet"], on_published=published.append)
         if flags["verify"]:
             from builder.pipeline import source_folder
             from builder.verify import verify
@@ -214,7 +217,7 @@ def _main(argv: Sequence[str] | None, received: list[int]) -> int:
     except KeyboardInterrupt as e:
         if flags["debug"]:
             raise
-        return _interrupted(e, out, received)
+        return _interrupted(e, out, received, published)
     except Exception as e:
         # The signal handler's KeyboardInterrupt can surface as another exception when it is raised
         # inside the interpreter's own code: in threading.Condition.wait between releasing and
@@ -222,17 +225,19 @@ def _main(argv: Sequence[str] | None, received: list[int]) -> int:
         # received means the build was interrupted (the staging folder is gone all the same).
         if flags["debug"] or not received:
             raise
-        return _interrupted(e, out, received)
+        return _interrupted(e, out, received, published)
     _say(str(out))
     return 0
 
 
-def _interrupted(e: BaseException, out: Path | None, received: list[int]) -> int:
-    """Says what an interruption left (publish.InterruptedAfterPublishing: a finished build) and
-    returns 128 + the signal."""
-    published = getattr(e, "folder", None)
-    if published is not None:
-        print(f"error: interrupted; {published} was already complete", file=sys.stderr)
+def _interrupted(e: BaseException, out: Path | None, received: list[int], published: list[Path] = ()) -> int:
+    """Says what an interruption left (publish.InterruptedAfterPublishing, or an output published
+    before it came: a finished build) and returns 128 + the signal."""
+    complete = getattr(e, "folder", None) or (published[-1] if published else None)
+    if out is not None and complete == out:  # interrupted while verifying a published build
+        complete = None
+    if complete is not None:
+        print(f"error: interrupted; {complete} was already complete", file=sys.stderr)
     elif out is not None:
         print(f"error: interrupted while verifying; {out} is built but not verified", file=sys.stderr)
     else:

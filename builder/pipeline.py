@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -293,8 +294,9 @@ def dry_run(options: BuildOptions) -> str:
     return describe(plan(options, source_folder(options)), options)
 
 
-def build(options: BuildOptions, progress: bool = True) -> Path:
-    """Builds the model `options` describe and returns the output folder.
+def build(options: BuildOptions, progress: bool = True, on_published: Callable[[Path], None] | None = None) -> Path:
+    """Builds the model `options` describe and returns the output folder (`on_published(folder)`
+    is called the moment it is complete: see builder.publish.staged_folder).
 
     Example:
         >>> from builder import BuildOptions, build
@@ -328,6 +330,6 @@ def build(options: BuildOptions, progress: bool = True) -> Path:
     write_output(output, {MODEL_STEM: p.model, **(p.package.models if p.package is not None else {})},
                  genai_json(p, options), folder, record_now, overwrite=options.overwrite,
                  inputs=[folder] if p.adapter is None else [folder, p.adapter.folder],  # a hub adapter's snapshot too
-                 progress=progress, more_files=package_files)
+                 progress=progress, more_files=package_files, on_published=on_published)
     log.info("wrote %s in %.1f s", output, time.perf_counter() - started)
     return output

@@ -15,7 +15,7 @@ import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from builder.errors import BuildError
@@ -35,13 +35,15 @@ class InterruptedAfterPublishing(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def staged_folder(final: Path, overwrite: bool, inputs: Iterable[Path] = (),
-                  flag: str = "--overwrite") -> Iterator[Path]:
+                  flag: str = "--overwrite", on_published: Callable[[Path], None] | None = None) -> Iterator[Path]:
     """Yields a temporary sibling of `final`; on success it replaces `final`, on any failure it vanishes.
 
     A failed or interrupted build leaves neither a partial output nor a changed existing one. One
     build at a time writes a path (a lock beside it, held until published); the output is checked
     again when it is published, so a folder that appeared there meanwhile is never replaced; and
     what killed builds left beside it is cleaned up first (a previous output put back).
+    `on_published(final)` is called the moment it is published, signals held: an interruption
+    after it (while the lock is released, or on the caller's way out) knows the output is complete.
     """
     given, inputs = Path(final), list(inputs)
     check_output(given, overwrite, inputs, flag)
@@ -74,6 +76,8 @@ def staged_folder(final: Path, overwrite: bool, inputs: Iterable[Path] = (),
             with _signals_deferred():
                 replaced = _publish(staging, final, given, overwrite, existed)
                 published = True
+                if on_published is not None:
+                    on_published(given)
                 if replaced:
                     remove_files(output_files(staging), [staging], kept_warning=True)
         except KeyboardInterrupt as e:

@@ -214,16 +214,18 @@ def write_output(
     folder: Path, models: dict[str, ir.Model], genai: dict[str, Any], source: Path | None,
     record: Callable[[], dict[str, Any]], *, overwrite: bool, inputs: Iterable[Path], progress: bool = True,
     flag: str = "--overwrite", more_files: Callable[[Path], None] | None = None,
+    on_published: Callable[[Path], None] | None = None,
 ) -> Path:
     """The one way an output is written, by the command line and the Python API alike: the models
     (file stem -> model), genai_config.json, `source`'s tokenizer files, `more_files(staging)`
     (a package's processor file, a GGUF's tokenizer) and build.yaml (`record()`, called last so
-    input hashing overlaps the writing), staged and published atomically (builder.publish)."""
+    input hashing overlaps the writing), staged and published atomically (builder.publish; it
+    calls `on_published(folder)` the moment the output is complete)."""
     from builder.genai_config import write_genai_files
     from builder.record import write
 
     try:
-        with staged_folder(folder, overwrite, inputs, flag=flag) as staging:
+        with staged_folder(folder, overwrite, inputs, flag=flag, on_published=on_published) as staging:
             with timed("write weights"):
                 save_models(models, staging, progress=progress)
             with timed("genai files"):

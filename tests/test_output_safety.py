@@ -450,3 +450,36 @@ def test_an_ignored_signal_stays_ignored_while_publishing(tmp_path, capsys, monk
     assert (rc, err) == (0, "")
     assert "precision: fp16" in (out / "build.yaml").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+@pytest.mark.usefixtures("signals_as_in_a_terminal")
+def test_a_signal_after_publishing_says_the_output_is_complete(tmp_path, capsys, monkeypatch):
+    # Ctrl-C as the lock is released, after the swap: the build had replaced the fp32 output with
+    # the fp16 one, yet the message said "interrupted; nothing was written".
+    import builder.publish
+
+    out = build(tmp_path / "out")
+    real = builder.publish.unlock
+
+    def signalled_unlock(*args):
+        real(*args)
+        signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(builder.publish, "unlock", signalled_unlock)
+    rc, err = run(capsys, "-m", EXAMPLE, "-o", out, "-q", "-p", "fp16", "--overwrite")
+    assert (rc, err) == (130, f"error: interrupted; {out} was already complete\n")
+    assert "precision: fp16" in (out / "build.yaml").read_text()
+
+
+@pytest.mark.usefixtures("signals_as_in_a_terminal")
+def test_a_signal_while_the_path_is_printed_is_one_line(tmp_path, capsys, monkeypatch):
+    # SIGTERM as the finished build's path was printed escaped main(): a traceback and exit 130.
+    import builder.cli
+
+    def signalled_say(text):
+        signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(builder.cli, "_say", signalled_say)
+    out = tmp_path / "out"
+    rc, err = run(capsys, "-m", EXAMPLE, "-o", out, "-q", "-p", "fp32")
+    assert (rc, err) == (143, f"error: interrupted; {out} was already complete\n")
