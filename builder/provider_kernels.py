@@ -1,6 +1,8 @@
 """Which operators an ONNX Runtime execution provider can run, to refuse a build whose graph uses one
-it cannot. The data is generated (builder/_provider_kernels_data.py, scripts/provider_kernels.py);
-this module only reads it.
+it cannot. The data is generated (builder/provider_kernels.json, package data written by
+scripts/provider_kernels.py; its "about" cites the sources); this module only reads it, once, on the
+first use of the table (RANGES, KERNELS, TYPES, SCHEMA_SINCE, PARSER_PROVIDERS, PROVIDERS, or a
+function below).
 
 ORT matches a node to a kernel registered as [start, end] when the node's schema since_version lies
 in it, and to an open kernel "start+" only when since_version == start (kernel_registry.cc,
@@ -10,17 +12,58 @@ the newer opset. trt-rtx has no kernels: its ranges bound the model's opset (Ten
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
-
-from ._provider_kernels_data import KERNELS, PARSER_PROVIDERS, RANGES, SCHEMA_SINCE, TYPES
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["KERNELS", "RANGES", "TYPES", "PROVIDERS", "bfloat16_fed", "bfloat16_missing", "missing", "ops_of",
            "refusal"]
 
-PROVIDERS = tuple(KERNELS)
+if TYPE_CHECKING:  # read from the JSON on first use (__getattr__)
+    ONNXRUNTIME_COMMIT: str
+    SOURCES: dict[str, list[str]]
+    PARSER_PROVIDERS: frozenset[str]
+    RANGES: dict[str, dict[str, list[tuple[int, int | None]]]]  # provider -> "domain::Op" -> [(start, end)]
+    KERNELS: dict[str, dict[str, tuple[int, int | None]]]  # provider -> "domain::Op" -> (lowest start, highest end)
+    TYPES: dict[str, dict[str, list[str]]]  # provider -> "domain::Op" -> element types
+    SCHEMA_SINCE: dict[str, tuple[int, ...]]  # "domain::Op" -> its schema's since_versions
+    PROVIDERS: tuple[str, ...]
+
+DATA = "provider_kernels.json"
 _ONNX = ("", "ai.onnx")
 # Ops ORT runs with no provider's kernel: Constant nodes become initializers when the graph loads.
 NO_KERNEL_NEEDED = frozenset({"ai.onnx::Constant"})
+
+
+def _span(ranges: list[tuple[int, int | None]]) -> tuple[int, int | None]:
+    """(lowest start, highest end; None where a range is open)."""
+    return min(lo for lo, _ in ranges), None if any(hi is None for _, hi in ranges) else max(hi for _, hi in ranges)
+
+
+@functools.cache
+def _table() -> dict[str, Any]:
+    """The generated table, read from the package data once, as the names this module exports."""
+    import json
+    from importlib.resources import files
+
+    data = json.loads(files(__package__).joinpath(DATA).read_text(encoding="utf-8"))
+    ranges = {p: {k: [(lo, hi) for lo, hi in spans] for k, spans in ops.items()} for p, ops in data["ranges"].items()}
+    return {"ONNXRUNTIME_COMMIT": data["onnxruntime_commit"],
+            "SOURCES": data["sources"],
+            "PARSER_PROVIDERS": frozenset(data["parser_providers"]),
+            "KERNELS": {p: {k: _span(spans) for k, spans in ops.items()} for p, ops in ranges.items()},
+            "RANGES": ranges,
+            "TYPES": data["types"],
+            "SCHEMA_SINCE": {k: tuple(v) for k, v in data["schema_since"].items()},
+            "PROVIDERS": tuple(ranges)}
+
+
+def __getattr__(name: str):
+    table = _table()
+    if name not in table:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals().update(table)  # later lookups find the names directly
+    return table[name]
 
 
 def _key(domain: str, op_type: str) -> str:
@@ -29,7 +72,7 @@ def _key(domain: str, op_type: str) -> str:
 
 def _since(key: str, opset: int) -> int | None:
     """The since_version of key's schema at the model's opset; None where the schema is unknown."""
-    versions = SCHEMA_SINCE.get(key)
+    versions = _table()["SCHEMA_SINCE"].get(key)
     if not versions:
         return None
     older = [v for v in versions if v <= opset]
@@ -40,10 +83,11 @@ def supported(domain: str, op_type: str, opset: int, provider: str) -> bool:
     key = _key(domain, op_type)
     if key in NO_KERNEL_NEEDED:
         return True
-    ranges = RANGES[provider].get(key)
+    table = _table()
+    ranges = table["RANGES"][provider].get(key)
     if not ranges:
         return False
-    since = None if provider in PARSER_PROVIDERS else _since(key, opset)
+    since = None if provider in table["PARSER_PROVIDERS"] else _since(key, opset)
     if since is None:  # no schema history (contrib domains, parser providers): bound the opset itself
         return any(lo <= opset and (hi is None or opset <= hi) for lo, hi in ranges)
     return any(lo == since if hi is None else lo <= since <= hi for lo, hi in ranges)
@@ -65,8 +109,8 @@ def ops_of(model) -> set[tuple[str, str, int]]:
 def missing(model_ops: Iterable[tuple[str, str, int]], provider: str) -> list[str]:
     """The "domain::Op" names among (domain, op_type, the model's opset for that domain) that
     provider has no kernel for at that opset; sorted, each once."""
-    if provider not in RANGES:
-        raise ValueError(f"unknown provider {provider!r}; known: {', '.join(PROVIDERS)}")
+    if provider not in _table()["RANGES"]:
+        raise ValueError(f"unknown provider {provider!r}; known: {', '.join(_table()['PROVIDERS'])}")
     return sorted({_key(d, op) for d, op, v in model_ops if not supported(d, op, int(v), provider)})
 
 
@@ -130,6 +174,6 @@ def bfloat16_missing(model, provider: str) -> list[str]:
     """The operators the model hands bfloat16 that `provider` has kernels for, but none of them
     bfloat16 (operators with no kernel at all are `missing`'s); sorted. Empty for a provider whose
     kernels' types the data does not list."""
-    kernels = TYPES.get(provider, {})
+    kernels = _table()["TYPES"].get(provider, {})
     return sorted(op for op in bfloat16_fed(model) - _EXPANDED
                   if op in kernels and not {"bfloat16", "bf16"} & set(kernels[op]))  # TensorRT's spelling: bf16
