@@ -19,8 +19,7 @@ import yaml
 
 from builder.errors import BuildError
 from builder.options import BuildOptions, OptionError
-
-RECORD_KEY = "record"  # written by builder into build.yaml: version, source revision, input hashes
+from builder.record_file import RECORD_KEY
 
 
 def read(path: str | Path) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from builder.inputs.mapping import release, row_ranges
+from builder.mapped_pages import release, row_ranges
 
 TILE = 128  # 128×128 tiles of a transposed copy stay in the L2 cache of both source and target
 ROW_BLOCK_BYTES = 16 * 2**20  # source bytes converted between two releases of mapped pages

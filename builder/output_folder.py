@@ -12,10 +12,8 @@ from builder.errors import BuildError
 from builder.hub import TOKENIZER_FILES
 from builder.audio_processor import AUDIO_PROCESSOR_FILE
 from builder.image_processor import PROCESSOR_FILE
-from builder.record import is_record
+from builder.record_file import RECORD_FILE, is_record
 
-# Every output holds one, builder's record; only a folder with it may be replaced (--overwrite).
-RECORD_FILE = "build.yaml"
 # What a build writes besides *.onnx and *.onnx.data: a folder holding anything else is not a
 # previous output, and --overwrite leaves it alone.
 OUTPUT_FILES = frozenset({"genai_config.json", RECORD_FILE, PROCESSOR_FILE, AUDIO_PROCESSOR_FILE, *TOKENIZER_FILES})

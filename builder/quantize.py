@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from builder.inputs.mapping import release
+from builder.mapped_pages import release
 from builder.stored_blocks import pack_codes
 
 BLOCK_SIZES = (16, 32, 64, 128, 256)

@@ -1,18 +1,20 @@
 """build.yaml: the resolved options, the tool's version, the source and the sha256 of every input
-file (builder/digests.py) — enough for `python -m builder --config out/build.yaml --output other` to rebuild it."""
+file (builder/digests.py) — enough for `python -m builder --config out/build.yaml --output other` to rebuild it.
+Its name, key and `is_record` lie below, in record_file.py, for the publishing of an output."""
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from builder.config_file import RECORD_KEY
 from builder.options import BuildOptions
+from builder.record_file import MAX_RECORD_BYTES, RECORD_KEY, is_record
+
+# is_record and MAX_RECORD_BYTES are record_file.py's, re-exported for this module's users.
+__all__ = ["MAX_RECORD_BYTES", "RECORD_KEY", "build_record", "hub_revision", "is_record", "write"]
 
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 
@@ -48,30 +50,6 @@ def build_record(options: BuildOptions, folder: Path, hashes: dict[str, str], ve
         values[RECORD_KEY]["adapter"] = {"adapter": options.adapter, "folder": str(adapter_folder.resolve()),
                                          "revision": hub_revision(adapter_folder), "sha256": adapter_hashes}
     return values
-
-
-# A build.yaml larger than this is no record of builder's (one lists a few hundred input files).
-MAX_RECORD_BYTES = 16 * 2**20
-
-
-def is_record(path: Path) -> bool:
-    """Whether `path` is a build.yaml builder wrote: a YAML mapping whose `record` section names the
-    builder_version (every build's since build.yaml exists, and save()'s crafted ones). Dart's,
-    Flutter's or anyone else's build.yaml is not."""
-    try:
-        # Not blocking on a FIFO named build.yaml, not following a link: only a regular file is read.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOFOLLOW", 0))
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return False
-            text = f.read(MAX_RECORD_BYTES + 1)
-        if len(text) > MAX_RECORD_BYTES:
-            return False
-        document = yaml.safe_load(text)
-    except (OSError, ValueError, yaml.YAMLError, RecursionError):  # unreadable or not YAML: not ours
-        return False
-    section = document.get(RECORD_KEY) if isinstance(document, dict) else None
-    return isinstance(section, dict) and isinstance(section.get("builder_version"), str)
 
 
 def write(path: Path, document: dict[str, Any]) -> None:

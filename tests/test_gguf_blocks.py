@@ -82,13 +82,13 @@ def test_blocks_decoded_a_range_at_a_time_give_back_each_range(kind, monkeypatch
     once decoded (the real gemma-3-270m Q4_K_M build: peak RSS 0.51 -> 0.36 GiB), with the same arrays
     as decoding it whole; here ranges of 5 rows of 13, the last one short."""
     import builder.inputs.gguf.blocks as blocks_module
-    import builder.inputs.mapping as mapping
+    import builder.mapped_pages as mapped_pages
 
     raw = stored(kind, shape=(13, 512))
     whole = gguf_blocks(kind, (13, 512), lambda stack: raw).compute(contextlib.ExitStack())
     released = []
     monkeypatch.setattr(blocks_module, "CHUNK_BYTES", raw[:5].nbytes)
-    monkeypatch.setattr(mapping, "release", lambda view: released.append(view.shape[0]))
+    monkeypatch.setattr(mapped_pages, "release", lambda view: released.append(view.shape[0]))
     chunked = gguf_blocks(kind, (13, 512), lambda stack: raw).compute(contextlib.ExitStack())
     assert released == [5, 5, 3]
     for want, got in zip(whole, chunked):

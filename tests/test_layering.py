@@ -8,20 +8,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "transformers", "onnxruntime")
 # Lower layers and the only project modules each may import: the weight recipe API (lazy) sits on
-# the pre-quantized block format and the write-time machinery, which know nothing of recipes; the
-# publishing of an output knows nothing of models (renames and the lock, nothing of outputs).
+# the pre-quantized block format and the write-time machinery, which know nothing of recipes nor of
+# the input formats (what both share, giving back a mapped array's pages, lies below them); the
+# publishing of an output knows nothing of models nor of options (of build.yaml it knows only how to
+# tell builder's record; renames and the lock, nothing of outputs).
 LAYERS = {
     "builder.stored_blocks": set(),
-    # The input formats' package imports nothing on its own, so that the write-time machinery can
-    # import its memory mapping (which knows nothing else) without importing every format.
-    "builder.inputs": set(),
-    "builder.inputs.mapping": set(),
-    "builder.materialize": {"builder.inputs.mapping"},
+    "builder.mapped_pages": set(),
+    "builder.materialize": {"builder.mapped_pages"},
+    "builder.quantize": {"builder._kernel", "builder.mapped_pages", "builder.stored_blocks"},
     "builder.lazy": {"builder.stored_blocks", "builder.materialize"},
+    "builder.record_file": set(),
     "builder.renames": set(),
     "builder.output_lock": set(),
     "builder.output_folder": {"builder.audio_processor", "builder.errors", "builder.hub", "builder.image_processor",
-                              "builder.record"},
+                              "builder.record_file"},
     "builder.leftovers": {"builder.output_folder", "builder.output_lock", "builder.renames", "builder.units"},
     "builder.publish": {"builder.errors", "builder.leftovers", "builder.output_folder", "builder.output_lock",
                         "builder.renames"},
@@ -85,11 +86,13 @@ def test_blocks_never_reach_architectures_or_the_pipeline():
 
 
 def test_input_formats_never_reach_the_pipeline_architectures_or_blocks():
-    # builder/inputs/ reads files into lazy Weights; what is built from them lies above it.
+    # builder/inputs/ reads files into lazy Weights; what is built from them lies above it, and so do
+    # the build's options (lora.py reads the few it needs through a protocol of its own).
     for name, deps in modules().items():
         if name.startswith("builder.inputs"):
             upward = {d for d in deps if d.startswith(("architectures", "builder.pipeline", "builder.cli",
-                                                        "builder.blocks", "builder.architecture", "builder.family"))}
+                                                        "builder.blocks", "builder.architecture", "builder.family",
+                                                        "builder.options", "builder.config_file"))}
             assert not upward, f"{name} imports {upward}"
     assert {n for n in modules() if n.startswith("builder.inputs.")} >= {
         "builder.inputs.source", "builder.inputs.read", "builder.inputs.safetensors", "builder.inputs.gguf.checkpoint"}

@@ -342,7 +342,7 @@ def test_a_cast_of_a_concatenation_hands_back_its_parts_pages(tmp_path):
     # fused q/k/v kept every part's mapped pages.
     from safetensors.numpy import save_file
 
-    from builder.inputs.mapping import release
+    from builder.mapped_pages import release
     from builder.materialize import PendingCast, PendingConcat
 
     save_file({"a": np.ones((1024, 1024), np.float32), "b": np.ones((1024, 1024), np.float32)},

@@ -8,5 +8,6 @@ Checkpoint), so the pipeline and the architectures never ask which format they r
 - gguf/: llama.cpp's GGUF files, their config, tensors, quantized blocks and tokenizer.
 - lora.py: a PEFT LoRA adapter merged into any source's checkpoint.
 
-Nothing is imported here: the writer's lowest layer imports mapping.py alone.
+Nothing is imported here. What the write-time machinery shares with the formats, giving back a
+mapped array's pages, is builder/mapped_pages.py, below both.
 """

@@ -37,9 +37,10 @@ from typing import Any
 import numpy as np
 
 from builder.errors import BuildError
-from builder.inputs.mapping import TensorInfo, mapped, release
+from builder.inputs.mapping import TensorInfo, mapped
 from builder.inputs.safetensors import DTYPES, ReadQuantizationSource, SafetensorsCheckpoint, read_headers
 from builder.lazy import Weight
+from builder.mapped_pages import release
 from builder.materialize import ComputedRows
 
 METHODS = ("fp8", "compressed-tensors")

@@ -28,7 +28,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -40,7 +40,6 @@ from builder.inputs.safetensors import DTYPES, SafetensorsCheckpoint, read_heade
 from builder.inputs.source import Checkpoint
 from builder.inputs.trust import check_folder
 from builder.lazy import Weight
-from builder.options import BuildOptions
 
 __all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "Adapter", "LoraCheckpoint", "adapter_folder", "with_adapter"]
 
@@ -282,7 +281,21 @@ class LoraCheckpoint:
             raise BuildError(f"adapter tensors that match no weight of the base model this architecture reads: {shown}")
 
 
-def with_adapter(checkpoint: Checkpoint, options: BuildOptions) -> tuple[Checkpoint, Adapter | None]:
+class AdapterOptions(Protocol):
+    """What of a build's options finds the adapter (builder.options.BuildOptions has them): the
+    input formats stand below the options, and read only these."""
+
+    @property
+    def adapter(self) -> str | None: ...  # --adapter: a folder or a Hugging Face id
+    @property
+    def model(self) -> str | None: ...
+    @property
+    def input(self) -> str | None: ...
+    @property
+    def cache_dir(self) -> str | None: ...
+
+
+def with_adapter(checkpoint: Checkpoint, options: AdapterOptions) -> tuple[Checkpoint, Adapter | None]:
     """Any source's checkpoint with the --adapter merged in (and the adapter), or as it is without
     one. Opened after the base's headers: a broken base is refused before an adapter is fetched."""
     if options.adapter is None:
@@ -295,7 +308,7 @@ def with_adapter(checkpoint: Checkpoint, options: BuildOptions) -> tuple[Checkpo
     return LoraCheckpoint(checkpoint, adapter), adapter
 
 
-def adapter_folder(options: BuildOptions) -> Path | None:
+def adapter_folder(options: AdapterOptions) -> Path | None:
     """The local folder of --adapter (the folder itself, or its hub snapshot), None without one."""
     if options.adapter is None:
         return None

@@ -1,5 +1,5 @@
 """Memory-mapped tensor bytes: mapped for as long as a tensor is being written, and given back
-page range by page range as its consumer finishes with them."""
+page range by page range as its consumer finishes with them (builder/mapped_pages.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from builder.mapped_pages import MappedArray
 
 
 @dataclass(frozen=True)
@@ -22,54 +24,6 @@ class TensorInfo:
     path: Path
     offset: int  # absolute byte offset in `path`
     nbytes: int
-
-
-try:  # numpy 2 moved it
-    from numpy.lib.array_utils import byte_bounds as _byte_bounds
-except ImportError:  # numpy 1.x
-    _byte_bounds = np.byte_bounds
-
-
-class MappedArray(np.ndarray):
-    """An ndarray over a memory mapping; its views remember the mapping, so a consumer that has
-    finished with some rows can hand their pages back (`release`) before the whole tensor is done."""
-
-    _mapping: tuple[mmap.mmap, int] | None = None  # (the mapping, its start address)
-
-    def __array_finalize__(self, obj) -> None:
-        self._mapping = getattr(obj, "_mapping", None)
-
-
-def release(view: np.ndarray) -> None:
-    """Drops the resident pages under `view` if it lies in a mapping (they are re-read if needed).
-
-    A mapped file page counts in the process's resident memory until unmapped or released; a
-    2 GB embedding converted row-block by row-block thus never holds all of its source at once.
-    """
-    while hasattr(view, "array") and not isinstance(view, np.ndarray):  # a pending cast (materialize.PendingCast)
-        view = view.array
-    for part in getattr(view, "parts", ()):  # a pending concatenation (materialize.PendingConcat)
-        release(part)
-    mapping = getattr(view, "_mapping", None)
-    if mapping is None or view.size == 0:
-        return
-    mm, base = mapping
-    low, high = _byte_bounds(view)
-    page = mmap.PAGESIZE
-    start = -(-(low - base) // page) * page  # only whole pages inside the view
-    stop = (high - base) // page * page
-    if 0 <= start < stop <= len(mm):
-        mm.madvise(mmap.MADV_DONTNEED, start, stop - start)
-
-
-def row_ranges(view: np.ndarray, max_bytes: int) -> Iterator[tuple[int, np.ndarray]]:
-    """`view`'s rows in ranges of at most `max_bytes` (at least a row each), as (first row, range);
-    each range's mapped pages are released (`release`) once the consumer moves on to the next."""
-    step = max(1, max_bytes // max(1, view[:1].nbytes))
-    for start in range(0, len(view), step):
-        piece = view[start:start + step]
-        yield start, piece
-        release(piece)
 
 
 @contextlib.contextmanager

@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from builder.inputs.mapping import row_ranges
+from builder.mapped_pages import row_ranges
 from builder.stored_blocks import BlockArrays, Blocks, pack_codes
 
 QK_K = 256  # a K-quant's super-block

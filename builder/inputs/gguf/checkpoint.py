@@ -23,9 +23,10 @@ from builder.inputs.gguf.header import TensorEntry
 from builder.inputs.gguf.metadata import check_layer_count, check_sizes, check_values, config
 from builder.inputs.gguf.names import FAMILIES, hf_name
 from builder.inputs.gguf.tokenizer import check_tokenizer_metadata, tokenizer_memory, write_tokenizer
-from builder.inputs.mapping import TensorInfo, mapped, release
+from builder.inputs.mapping import TensorInfo, mapped
 from builder.inputs.source import NamedTensors
 from builder.lazy import Weight
+from builder.mapped_pages import release
 from builder.materialize import ComputedRows
 
 log = logging.getLogger("builder")
