@@ -52,6 +52,20 @@ class StableLmConfig(DecoderConfig):
     qk_layernorm: bool = False
     use_parallel_residual: bool = False
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_even_rotary(self)
+
+
+def check_even_rotary(c: DecoderConfig) -> None:
+    """StableLM's and Phi's attention rotate int(head_dim · partial_rotary_factor) dimensions with
+    cos/sin of ceil(that / 2) frequencies: an odd count fails transformers' forward ("The size of
+    tensor a (25) must match the size of tensor b (26)"), so it is refused."""
+    rotated = int(c.head_dim * c.rope_parameters.get("partial_rotary_factor", 1.0))
+    if rotated % 2:
+        raise ValueError(f"partial_rotary_factor {c.rope_parameters['partial_rotary_factor']} of a {c.head_dim}-wide "
+                         f"head rotates {rotated} dimensions, an odd number, which transformers cannot run")
+
 
 class LayerNormWeights(Weights):
     """Weights of a module whose norms are LayerNorms with bias: `norm` reads (weight, bias)."""

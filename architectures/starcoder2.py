@@ -61,6 +61,7 @@ def mlp(d: Decoder, m: Weights, h: ir.Value) -> ir.Value:
 FAMILY = register(stablelm.FAMILY.with_(
     name="starcoder2", config=Starcoder2Config, variants=VARIANTS, structure=STRUCTURE,
     layer=partial(stablelm.decoder_layer, self_attn=stablelm.biased_self_attn, mlp=mlp),
+    partial_rotary=False,  # Starcoder2's default rotary rotates the whole head (StableLM's does not)
 ))
 
 __all__ = ["FAMILY", "STRUCTURE", "VARIANTS", "Starcoder2Config"]

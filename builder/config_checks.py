@@ -180,7 +180,9 @@ def check_rope(params: dict[str, Any], name: str, source: str = "config.json") -
     not a positive finite number, a partial_rotary_factor outside (0, 1], ...). `params`: one
     rope dict, or one per layer type (Gemma 3, OLMo 3); `name`: its key, for the message."""
     if any(t in params for t in LAYER_TYPES):
-        for layer_type, p in params.items():
+        # Only the layer types' entries count: transformers 5.25 saves a flat rope_parameters
+        # given to Gemma 3 beside the per-type ones it makes, and reads the per-type ones alone.
+        for layer_type, p in ((t, params[t]) for t in LAYER_TYPES if t in params):
             if not isinstance(p, dict):
                 raise BuildError(f"{source}: {name}.{layer_type} is {_shown(p)}; expected a JSON object")
             check_rope(p, f"{name}.{layer_type}", source)

@@ -147,7 +147,9 @@ def rope_parameters_by_layer_type(
     `local_theta`) to sliding ones, which are never scaled. A `rope_parameters` already given per
     layer type is kept."""
     scaling, given = rope_sources(raw)
-    params = {k: dict(v) for k, v in given.items()} if "full_attention" in given else {}
+    # Only the per-type entries: transformers keeps a flat dict given beside them, and ignores it.
+    params = {k: dict(given[k]) for k in ("full_attention", "sliding_attention") if k in given} \
+        if "full_attention" in given else {}
     full = params.setdefault("full_attention", {"rope_type": "default"})
     sliding = params.setdefault("sliding_attention", {"rope_type": "default"})
     full.update(scaling)

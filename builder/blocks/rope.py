@@ -58,12 +58,9 @@ class Rope:
         base = float(params["rope_theta"])
         if rope_type == "proportional":
             return cls(proportional_inv_freq(params, base, head_dim))
+        # An odd share of the head makes ceil(dim / 2) frequencies, as transformers' arange(0, dim, 2)
+        # does: one more dimension rotates (Phi and StableLM cannot run it: StableLmConfig refuses).
         dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
-        if dim % 2:
-            # transformers makes ceil(dim / 2) frequencies, cos/sin one wider than the part it
-            # rotates, and its forward fails; a rotation turns pairs.
-            raise BuildError(f"partial_rotary_factor {params.get('partial_rotary_factor')} of a {head_dim}-wide head "
-                             f"rotates {dim} dimensions, an odd number: a rotary embedding turns pairs")
         inv_freq = default_inv_freq(base, dim)
         if rope_type in ("default", "dynamic"):
             # Dynamic NTK only departs from the default past max_position_embeddings, beyond the
