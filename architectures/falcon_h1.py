@@ -21,7 +21,7 @@ the shared table stays as stored and both scales stay in the graph.
 State contract: every layer both attends and scans, so it reads past_key_values.%d.key/value,
 then past.%d.conv (batch, conv_dim, mamba_d_conv − 1) and past.%d.recurrent (batch,
 mamba_n_heads, mamba_d_head, mamba_d_state), transformers' cache layout, and returns them in that
-order (builder.io.DecoderIO's `hybrid_layers`). onnxruntime-genai 0.18 knows no falcon_h1: the
+order (FalconH1Config.layer_state). onnxruntime-genai 0.18 knows no falcon_h1: the
 model declares Granite 4.0's type "granitemoehybrid" (its runtime keeps states by name).
 """
 
@@ -44,6 +44,7 @@ from builder.decoder_config import DecoderConfig
 from builder.family import Decoder, Family, conv_padding, register, tied_vocabulary
 from builder.io import logits_dtype
 from builder.lazy import Weight
+from builder.state import LayerState
 
 # FalconH1Config's defaults where they differ from DecoderConfig's.
 VARIANTS: dict[str, dict[str, Any]] = {"FalconH1ForCausalLM": dict(
@@ -117,13 +118,14 @@ class FalconH1Config(MambaStates, DecoderConfig):
 
     @property
     def conv_layers(self) -> list[int]:
-        """Every layer carries a conv state and an SSM state…"""
+        """Every layer carries a conv state and an SSM state (and a KV cache: layer_state)."""
         return list(range(self.num_hidden_layers))
 
-    @property
-    def hybrid_layers(self) -> list[int]:
-        """…and a KV cache beside them."""
-        return list(range(self.num_hidden_layers))
+    def layer_state(self, layer: int) -> LayerState:
+        """Every layer attends and scans: a KV cache, then the mixer's conv and SSM states, declared
+        "full_attention" (genai allocates KV by the type and finds the other states by name)."""
+        kv = DecoderConfig.layer_state(self, layer).kv
+        return dataclasses.replace(MambaStates.layer_state(self, layer), kv=kv, kind="full_attention")
 
 
 def scaled(w: Weight | None, m: float | np.ndarray) -> Weight | None:

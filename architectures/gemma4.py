@@ -46,6 +46,7 @@ from builder.blocks.rope import ExplicitRotary, Rope, rotary_tables
 from builder.decoder_config import DecoderConfig
 from builder.errors import BuildError
 from builder.family import Decoder, Family, register, whole_head_rotary
+from builder.state import KV, LayerState, kv_head_size
 from builder.graph import Graph
 from builder.hf_config import from_dict, text_config
 from builder.lazy import Weight
@@ -156,16 +157,13 @@ class Gemma4TextConfig(DecoderConfig):
             raise ValueError(f"num_kv_shared_layers: no layer before the shared ones computes {missing[0]} KV")
         return [i if i < first else last[t] for i, t in enumerate(self.layer_types)]
 
-    @property
-    def stateless_layers(self) -> list[int]:
-        """The KV-sharing layers: they have no cache of their own."""
-        return [i for i, source in enumerate(self.kv_source) if source != i]
-
-    @property
-    def layer_kv_dims(self) -> dict[int, tuple[int, int]]:
-        """The layers whose KV is shaped apart from the sliding layers' (num_key_value_heads, head_dim)."""
-        base = (self.num_key_value_heads, self.head_dim)
-        return {i: dims for i, dims in enumerate(self.layer_dims) if dims != base}
+    def layer_state(self, layer: int) -> LayerState:
+        """A layer's own KV, of its own heads and head size (layer_dims: full layers differ), or
+        nothing for a KV-sharing layer, which attends over an earlier layer's cache."""
+        if self.kv_source[layer] != layer:
+            return LayerState(kind=self.layer_types[layer])
+        heads, size = self.layer_dims[layer]
+        return LayerState(kv=KV(heads, kv_head_size(size), self.window(layer)), kind=self.layer_types[layer])
 
     def mlp_size(self, layer: int) -> int:
         return self.intermediate_size * (2 if self.use_double_wide_mlp and self.kv_source[layer] != layer else 1)

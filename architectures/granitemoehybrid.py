@@ -34,6 +34,7 @@ from builder.blocks.mamba2 import Mamba2Spec, Mamba2Weights, mamba2_mixer
 from builder.blocks.moe import unstacked
 from builder.decoder_config import DecoderConfig
 from builder.family import Decoder, Family, conv_padding, parse, register, rotary
+from builder.state import Conv, LayerState, Recurrent
 
 VARIANTS: dict[str, dict[str, Any]] = {"GraniteMoeHybridForCausalLM": dict(model_type="granitemoehybrid")}
 MAMBA, ATTENTION = "linear_attention", "full_attention"
@@ -42,16 +43,15 @@ LEGACY = {"mamba": MAMBA, "attention": ATTENTION}
 
 
 class MambaStates:
-    """A Mamba-2 hybrid config's state sizes, from its `mamba` (a Mamba2Spec): the conv state
-    (channels, taps − 1) and the SSM state (heads, head_dim, state) its Mamba layers carry."""
+    """A Mamba-2 hybrid config's layer states: its Mamba layers (`conv_layers`) carry the mixer's
+    conv state (channels, taps − 1) and SSM state (heads, head_dim, state), from its `mamba` (a
+    Mamba2Spec), and no KV."""
 
-    @property
-    def conv_state(self) -> tuple[int, int]:
-        return self.mamba.conv_state
-
-    @property
-    def recurrent_state(self) -> tuple[int, int, int]:
-        return self.mamba.recurrent_state
+    def layer_state(self, layer: int) -> LayerState:
+        if layer not in self.conv_layers:
+            return super().layer_state(layer)
+        return LayerState(conv=Conv(*self.mamba.conv_state), recurrent=Recurrent(self.mamba.recurrent_state),
+                          kind=self.layer_types[layer])
 
 
 @dataclass(frozen=True)
@@ -201,6 +201,11 @@ def parse_config(family: Family, raw: dict[str, Any], architecture: str) -> Gran
     as None, since elsewhere an expert count is positive."""
     if raw.get("num_local_experts") == 0:
         raw = {**raw, "num_local_experts": None}
+    if raw.get("position_embedding_type") != "rope":  # no rotary at all: its settings are never read
+        raw = {k: v for k, v in raw.items() if k != "partial_rotary_factor"}
+        for key in ("rope_parameters", "rope_scaling"):
+            if isinstance(raw.get(key), dict):
+                raw[key] = {k: v for k, v in raw[key].items() if k != "partial_rotary_factor"}
     return parse(family, raw, architecture)
 
 

@@ -23,6 +23,7 @@ from builder.blocks.linear import linear
 from builder.blocks.short_conv import causal_conv
 from builder.decoder_config import DecoderConfig
 from builder.family import Decoder, Family, conv_padding, register
+from builder.state import Conv, LayerState
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "Lfm2ForCausalLM": dict(
@@ -83,10 +84,11 @@ class Lfm2Config(DecoderConfig):
     def conv_layers(self) -> list[int]:
         return [i for i, kind in enumerate(self.layer_types) if kind == CONV]
 
-    @property
-    def conv_state(self) -> tuple[int, int]:
-        """A conv layer's carried state: (channels, the last conv_L_cache−1 inputs)."""
-        return self.hidden_size, self.conv_L_cache - 1
+    def layer_state(self, layer: int) -> LayerState:
+        """A conv layer carries its last conv_L_cache − 1 inputs (hidden_size channels), no KV."""
+        if self.layer_types[layer] == CONV:
+            return LayerState(conv=Conv(self.hidden_size, self.conv_L_cache - 1), kind=CONV)
+        return super().layer_state(layer)
 
 
 def short_conv(d: Decoder, w: Weights, i: int, h):

@@ -41,6 +41,7 @@ from builder.decoder_config import DecoderConfig
 from builder.errors import BuildError
 from builder.family import Decoder, Family, conv_padding, parse, register
 from builder.inputs.source import Checkpoint
+from builder.state import LayerState
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "NemotronHForCausalLM": dict(
@@ -118,9 +119,12 @@ class NemotronHConfig(MambaStates, DecoderConfig):
         """The Mamba layers: each carries a conv state and an SSM state."""
         return [i for i, kind in enumerate(self.layer_types) if kind == MAMBA]
 
-    @property
-    def stateless_layers(self) -> list[int]:
-        return [i for i, kind in enumerate(self.layer_types) if kind in (MLP, MOE)]
+    def layer_state(self, layer: int) -> LayerState:
+        """Mamba layers carry the mixer's states (MambaStates), attention layers a KV cache, MLP and
+        expert layers nothing."""
+        if self.layer_types[layer] in (MLP, MOE):
+            return LayerState(kind=self.layer_types[layer])
+        return super().layer_state(layer)
 
 
 def layer_types(raw: dict[str, Any]) -> list[str]:

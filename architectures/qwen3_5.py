@@ -35,6 +35,7 @@ from builder.blocks.mlp import activation
 from builder.blocks.norm import rms_norm
 from builder.blocks.short_conv import causal_conv
 from builder.decoder_config import DecoderConfig
+from builder.state import Conv, LayerState, Recurrent
 from builder.family import Decoder, Family, conv_padding, parse, register
 from builder.hf_config import text_config
 from builder.inputs.source import Checkpoint
@@ -95,14 +96,14 @@ class Qwen3_5Config(DecoderConfig):
         h = self.heads
         return 2 * h.key_heads * h.key_dim + h.value_heads * h.value_dim
 
-    @property
-    def conv_state(self) -> tuple[int, int]:
-        return self.conv_dim, self.linear_conv_kernel_dim - 1
-
-    @property
-    def recurrent_state(self) -> tuple[int, int, int]:
+    def layer_state(self, layer: int) -> LayerState:
+        """A linear-attention layer carries its conv's last inputs and the DeltaNet's state
+        (value heads, key_dim, value_dim), no KV."""
+        if self.layer_types[layer] != LINEAR:
+            return super().layer_state(layer)
         h = self.heads
-        return h.value_heads, h.key_dim, h.value_dim
+        return LayerState(conv=Conv(self.conv_dim, self.linear_conv_kernel_dim - 1),
+                          recurrent=Recurrent((h.value_heads, h.key_dim, h.value_dim)), kind=LINEAR)
 
 
 class Qwen3_5Weights(Weights):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from builder.blocks.mlp import ACTIVATIONS
+from builder.state import KV, LayerState
 
 MODEL_TYPE = "whisper"  # onnxruntime-genai's
 # onnxruntime-genai 0.18 always feeds 3000 frames (30 s of 10 ms hops) and sizes the encoder's
@@ -82,3 +83,7 @@ class WhisperConfig:
 
     def window(self, layer: int) -> None:
         return None
+
+    def layer_state(self, layer: int) -> LayerState:
+        """The decoder's self-attention cache (its cross-attention K/V come from the encoder)."""
+        return LayerState(kv=KV(self.decoder_attention_heads, self.head_dim))

@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import onnx_ir as ir
 
-from builder.blocks.attention import AttentionWeights, kv_head_size
+from builder.blocks.attention import AttentionWeights
 from builder.blocks.vocabulary import Vocabulary
 from builder.config_checks import token_ids, warn_past_vocabulary
 from builder.errors import BuildError
 from builder.graph import Graph
 from builder.inputs.source import Checkpoint
 from builder.lazy import Weight
+from builder.state import LayerState, kv_head_size
 from builder.target import Target
 
 log = logging.getLogger("builder")
@@ -24,7 +25,8 @@ log = logging.getLogger("builder")
 
 @dataclass(frozen=True)
 class DecoderInfo:
-    """The facts about a decoder that its I/O, genai_config.json and build records need."""
+    """The facts about a decoder that its I/O, genai_config.json and build records need; what each
+    layer carries is `layers`, one builder.state.LayerState a layer, declared by the family's config."""
 
     model_type: str  # onnxruntime-genai's model type ("llama", "qwen3", ...)
     vocab_size: int
@@ -37,63 +39,37 @@ class DecoderInfo:
     bos_token_id: int | None
     eos_token_ids: list[int]
     pad_token_id: int | None
-    sliding_window: int | None = None
-    sliding_window_layers: list[int] = field(default_factory=list)
-    # Hybrid decoders (LFM2): the layers that carry a convolution state instead of a KV cache, the
-    # state's (channels, length), and the layer types genai_config.json lists for them.
-    conv_layers: list[int] = field(default_factory=list)
-    conv_state: tuple[int, int] | None = None
-    layer_types: list[str] | None = None
-    # Linear-attention layers (Qwen3.5's gated DeltaNet): a recurrent state beside the conv state.
-    recurrent_state: tuple[int, ...] | None = None
-    # Layers without any state of their own (Nemotron-H's MLP and expert layers, Gemma 4's KV-sharing ones).
-    stateless_layers: list[int] = field(default_factory=list)
-    # Conv layers that keep a KV cache as well (Falcon-H1's attention beside its Mamba mixer).
-    hybrid_layers: list[int] = field(default_factory=list)
-    # Layers whose KV is shaped apart: layer -> (num_kv_heads, head_size) (Gemma 4's full layers).
-    layer_kv_dims: dict[int, tuple[int, int]] = field(default_factory=dict)
+    layers: tuple[LayerState, ...] = ()
+
+    @property
+    def sliding_window_layers(self) -> list[int]:
+        return [i for i, s in enumerate(self.layers) if s.kv is not None and s.kv.window]
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The first sliding layer's window (genai_config.json has one)."""
+        sliding = self.sliding_window_layers
+        return self.layers[sliding[0]].kv.window if sliding else None
+
+    @property
+    def stateless_layers(self) -> list[int]:
+        """The layers that carry nothing (onnxruntime-genai does not count them)."""
+        return [i for i, s in enumerate(self.layers) if s.stateless]
 
 
 def decoder_info(c: Any) -> DecoderInfo:
     """DecoderInfo from any family's config: a dataclass with Hugging Face's key names and a
-    `window(layer)` method (the layer's sliding window, None for global layers)."""
+    `layer_state(layer)` method (builder.decoder_config.DecoderConfig's, or the family's own)."""
     warn_past_vocabulary({n: getattr(c, n) for n in ("bos_token_id", "eos_token_id", "pad_token_id")}, c.vocab_size,
                          "config.json")
-    windows = [c.window(i) for i in range(c.num_hidden_layers)]
-    sliding = [i for i, w in enumerate(windows) if w]
     return DecoderInfo(
         model_type=c.model_type, vocab_size=c.vocab_size, hidden_size=c.hidden_size,
         num_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
         num_kv_heads=c.num_key_value_heads, head_size=kv_head_size(c.head_dim),
         context_length=c.max_position_embeddings, bos_token_id=c.bos_token_id,
         eos_token_ids=token_ids(c.eos_token_id), pad_token_id=c.pad_token_id,
-        sliding_window=windows[sliding[0]] if sliding else None, sliding_window_layers=sliding,
-        **_conv_state_info(c), **_per_layer_kv_info(c),
+        layers=tuple(c.layer_state(i) for i in range(c.num_hidden_layers)),
     )
-
-
-def _per_layer_kv_info(c: Any) -> dict[str, Any]:
-    """DecoderInfo's per-layer KV fields for a config with `layer_kv_dims` (Gemma 4's): the layers
-    whose KV is shaped apart, and the layers that read another layer's KV (`stateless_layers`)."""
-    if getattr(c, "layer_kv_dims", None) is None:
-        return {}
-    dims = {layer: (heads, kv_head_size(size)) for layer, (heads, size) in c.layer_kv_dims.items()}
-    return {"layer_kv_dims": dims, "stateless_layers": list(c.stateless_layers)}
-
-
-def _conv_state_info(c: Any) -> dict[str, Any]:
-    """DecoderInfo's conv-state fields for a config with `conv_layers` and `conv_state` (LFM2's);
-    none for the others."""
-    if not getattr(c, "conv_layers", None):
-        return {}
-    info = {"conv_layers": list(c.conv_layers), "conv_state": c.conv_state, "layer_types": list(c.layer_types)}
-    if getattr(c, "recurrent_state", None):
-        info["recurrent_state"] = c.recurrent_state
-    if getattr(c, "stateless_layers", None):
-        info["stateless_layers"] = list(c.stateless_layers)
-    if getattr(c, "hybrid_layers", None):
-        info["hybrid_layers"] = list(c.hybrid_layers)
-    return info
 
 
 class Weights:

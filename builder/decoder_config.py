@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from builder.hf_config import effective_window
+from builder.state import KV, LayerState, kv_head_size
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,13 @@ class DecoderConfig:
         (Mistral's rule); families with a pattern override this."""
         kind = "sliding_attention" if self.sliding_window is not None else "full_attention"
         return [kind] * self.num_hidden_layers
+
+    def layer_state(self, layer: int) -> LayerState:
+        """What the layer carries from step to step (builder.state): a KV cache of its KV heads,
+        at the head size attention runs at, windowed as the layer is. Families with other layers
+        (convolutions, recurrences, shared KV, none) say theirs."""
+        kv = KV(self.num_key_value_heads, kv_head_size(self.head_dim), self.window(layer))
+        return LayerState(kv=kv, kind=self.layer_types[layer])
 
     def window(self, layer: int) -> int | None:
         """The layer's sliding window, or None for a global layer (or a window the context never fills)."""

@@ -91,7 +91,7 @@ def _decoder_section(info: DecoderInfo, target: Target, filename: str, inputs_em
             "layers": [n for n, layer in enumerate(cached) if layer in info.sliding_window_layers],
             "cache_slack": 0,
         }
-    if info.conv_layers:
+    if any(s.conv is not None for s in info.layers):
         _declare_conv_state(decoder, info)
     return decoder
 
@@ -118,13 +118,12 @@ def _declare_conv_state(decoder: dict[str, Any], info: DecoderInfo) -> None:
     inputs' shape first, then each present back), the layer types (which layers have KV, which a
     conv state; the lfm2 type requires them) and the state's length. A layer with both (Falcon-H1's)
     is declared "full_attention": genai allocates KV by that type and finds the conv and recurrent
-    states of every layer by name."""
+    states of every layer by name. All from the layers' declarations (builder.state)."""
     decoder["inputs"]["past_conv_names"] = PAST_CONV
     decoder["outputs"]["present_conv_names"] = PRESENT_CONV
-    decoder["layer_types"] = ["full_attention" if i in info.hybrid_layers else kind
-                              for i, kind in enumerate(info.layer_types) if i not in info.stateless_layers]
-    decoder["conv_cache_size"] = info.conv_state[1]
-    if info.recurrent_state:  # linear attention (Qwen3.5): past/present_recurrent_names, as genai's base.py
+    decoder["layer_types"] = [s.kind for s in info.layers if not s.stateless]
+    decoder["conv_cache_size"] = next(s.conv.length for s in info.layers if s.conv is not None)
+    if any(s.recurrent is not None for s in info.layers):  # linear attention (Qwen3.5): as genai's base.py
         decoder["inputs"]["past_recurrent_names"] = PAST_RECURRENT
         decoder["outputs"]["present_recurrent_names"] = PRESENT_RECURRENT
 

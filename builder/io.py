@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx_ir as ir
 
+from builder.state import KV, LayerState
+
 BATCH, SEQUENCE, TOTAL, PAST = "batch_size", "sequence_length", "total_sequence_length", "past_sequence_length"
 # KV length of a layer whose cache is a sliding-window ring buffer: its capacity, not the sequence.
 PAST_WINDOW, TOTAL_WINDOW = "past_sliding_length", "total_sliding_length"
@@ -33,77 +35,67 @@ def graph_value(name: str, dtype: np.dtype | type, dims: tuple) -> ir.Value:
 class DecoderIO:
     """The graph inputs, and the output values once the decoder has produced them.
 
+    What each layer carries is its `states` entry (builder.state.LayerState, declared by the
+    family's config), and the inputs follow it: a KV cache's `past` (past_key_values.%d.key,
+    .value), a conv state's `conv` (past.%d.conv), a recurrent state's `recurrent`
+    (past.%d.recurrent), in that order; a layer returns its presents in the same order (key, value,
+    conv, recurrent: those it declares), checked against the declaration. The state names number
+    the layers that carry state (`slots`: layer -> number), as onnxruntime-genai numbers what it
+    allocates: a stateless layer (Nemotron-H's MLP layers, Gemma 4's KV-sharing ones, which
+    attend over another layer's `past`) is not counted; its `past` entry is None, as a layer's
+    without a KV cache.
     A multimodal package's decoder reads `inputs_embeds` (batch, sequence, hidden) from its
-    embedding model instead of `input_ids`; `token_input` is whichever of the two the graph has.
-    A hybrid decoder's convolution layers read a conv state (`conv`, by layer) and have no KV:
-    their `past` entry is None, and their layer returns its present conv state alone, a 1-tuple;
-    linear-attention layers (Qwen3.5) also read a recurrent state (`recurrent`, by layer) and
-    return (conv state, recurrent state). A layer that attends and scans in parallel (Falcon-H1's
-    every layer: `hybrid_layers`, among the conv layers) keeps its KV as well: it reads
-    past_key_values.%d.key, .value, then past.%d.conv, .recurrent, and returns (key, value, conv
-    state, recurrent state) in that order. A `stateless` layer (Nemotron-H's MLP and expert
-    layers) reads and returns nothing: its `past` entry is None and it returns (). The state
-    names number the layers that carry state (`slots`: layer -> number), as onnxruntime-genai
-    numbers what it allocates: it gives every layer it counts a KV cache or a conv state, so a
-    stateless layer is not counted.
-    Gemma 4's KV-sharing layers are stateless too: they attend over another layer's `past`. Its
-    full-attention layers' KV has its own (heads, head size): `layer_kv_dims`."""
+    embedding model instead of `input_ids`; `token_input` is whichever of the two the graph has."""
 
     input_ids: ir.Value | None
     attention_mask: ir.Value
-    past: list[tuple[ir.Value, ir.Value]]
+    past: list[tuple[ir.Value, ir.Value] | None]
     io_dtype: np.dtype
-    kv_dims: tuple[int, int]  # (num_kv_heads, head_size)
+    states: tuple[LayerState, ...]
     windowed_layers: frozenset[int] = frozenset()
     inputs_embeds: ir.Value | None = None
     conv: dict[int, ir.Value] = field(default_factory=dict)
     recurrent: dict[int, ir.Value] = field(default_factory=dict)
-    stateless: frozenset[int] = frozenset()
     slots: dict[int, int] = field(default_factory=dict)
-    layer_kv_dims: dict[int, tuple[int, int]] = field(default_factory=dict)  # layer -> its own kv_dims
     position_ids: ir.Value | None = None  # int64 (batch, sequence) where the provider feeds positions;
     # (3, batch, sequence) for Qwen-VL's M-RoPE (onnxruntime-genai computes both)
     kv_dtype: np.dtype | None = None  # the KV cache's dtype where it is not the IO dtype (int8)
 
-    def kv_dims_of(self, layer: int) -> tuple[int, int]:
-        """(num_kv_heads, head_size) of `layer`'s KV: its own where it differs (Gemma 4's full layers)."""
-        return self.layer_kv_dims.get(layer, self.kv_dims)
+    @classmethod
+    def create(cls, num_layers: int, num_kv_heads: int, head_size: int, io_dtype: np.dtype, windowed_layers=(),
+               **options) -> DecoderIO:
+        """The I/O of a decoder whose every layer carries a KV cache of `num_kv_heads` heads of
+        `head_size` (`windowed_layers`: those with a window-long ring buffer); `options` as
+        `from_states`'s."""
+        kv = KV(num_kv_heads, head_size)
+        return cls.from_states([LayerState(kv=kv)] * num_layers, io_dtype, windowed_layers, **options)
 
     @classmethod
-    def create(
-        cls, num_layers: int, num_kv_heads: int, head_size: int, io_dtype: np.dtype, windowed_layers=(),
-        embeds_width: int | None = None, conv_layers=(), conv_state: tuple[int, int] | None = None,
-        recurrent_state: tuple[int, ...] | None = None, stateless_layers=(), hybrid_layers=(),
-        layer_kv_dims: dict[int, tuple[int, int]] | None = None, position_ids: bool = False,
-        kv_dtype: np.dtype | None = None, position_rows: int | None = None,
+    def from_states(
+        cls, states: list[LayerState] | tuple[LayerState, ...], io_dtype: np.dtype, windowed_layers=(),
+        embeds_width: int | None = None, position_ids: bool = False, kv_dtype: np.dtype | None = None,
+        position_rows: int | None = None,
     ) -> DecoderIO:
-        """`windowed_layers` keep a window-long KV ring buffer (see Target.windowed_kv_cache);
-        `embeds_width` (the hidden size) makes the decoder read inputs_embeds instead of input_ids;
-        `conv_layers` read a conv state of (channels, length) `conv_state` instead of a KV cache, and
-        with `recurrent_state` (its shape less the batch) a recurrent state after it too;
-        `stateless_layers` carry no state at all; `hybrid_layers` (conv layers too) read their KV
-        cache before those states; `layer_kv_dims` (layer -> (num_kv_heads, head_size)) gives the
-        layers whose KV is shaped apart (Gemma 4's full-attention layers); `position_ids` adds that
-        input (int64, batch by sequence), fed by onnxruntime-genai (the DirectML provider's rotary);
-        `kv_dtype` stores the KV cache in another dtype than the activations (an int8 cache);
+        """The I/O of a decoder whose layers carry `states`. `windowed_layers` keep a window-long KV
+        ring buffer (see Target.windowed_kv_cache); `embeds_width` (the hidden size) makes the
+        decoder read inputs_embeds instead of input_ids; `position_ids` adds that input (int64,
+        batch by sequence), fed by onnxruntime-genai (the DirectML provider's rotary); `kv_dtype`
+        stores the KV cache in another dtype than the activations (an int8 cache);
         `position_rows` makes position_ids (position_rows, batch, sequence), the positions
         onnxruntime-genai computes for Qwen-VL's multimodal rotary."""
-        windowed, stateless = frozenset(windowed_layers), frozenset(stateless_layers)
-        slots = {layer: n for n, layer in enumerate(i for i in range(num_layers) if i not in stateless)}
-
-        own = dict(layer_kv_dims or {})
+        states, windowed = tuple(states), frozenset(windowed_layers)
+        slots = {layer: n for n, layer in enumerate(i for i, s in enumerate(states) if not s.stateless)}
 
         def kv(i: int, pattern: str) -> ir.Value:
             length = PAST_WINDOW if i in windowed else PAST
-            heads, size = own.get(i, (num_kv_heads, head_size))
-            return graph_value(pattern % slots[i], kv_dtype or io_dtype, (BATCH, heads, length, size))
+            state = states[i].kv
+            return graph_value(pattern % slots[i], kv_dtype or io_dtype, (BATCH, state.heads, length, state.head_size))
 
-        conv = {i: graph_value(PAST_CONV % slots[i], io_dtype, (BATCH, *conv_state)) for i in conv_layers}
-        recurrent = {} if recurrent_state is None else {
-            i: graph_value(PAST_RECURRENT % slots[i], io_dtype, (BATCH, *recurrent_state)) for i in conv_layers}
-        hybrid = frozenset(hybrid_layers)
-        past = [None if i in stateless or (i in conv and i not in hybrid) else (kv(i, PAST_KEY), kv(i, PAST_VALUE))
-                for i in range(num_layers)]
+        conv = {i: graph_value(PAST_CONV % slots[i], io_dtype, (BATCH, s.conv.channels, s.conv.length))
+                for i, s in enumerate(states) if s.conv is not None}
+        recurrent = {i: graph_value(PAST_RECURRENT % slots[i], io_dtype, (BATCH, *s.recurrent.shape))
+                     for i, s in enumerate(states) if s.recurrent is not None}
+        past = [(kv(i, PAST_KEY), kv(i, PAST_VALUE)) if s.kv is not None else None for i, s in enumerate(states)]
         embeds = (None if embeds_width is None
                   else graph_value("inputs_embeds", io_dtype, (BATCH, SEQUENCE, embeds_width)))
         return cls(
@@ -111,14 +103,12 @@ class DecoderIO:
             attention_mask=graph_value("attention_mask", np.int64, (BATCH, TOTAL)),
             past=past,
             io_dtype=np.dtype(io_dtype),
-            kv_dims=(num_kv_heads, head_size),
+            states=states,
             windowed_layers=windowed,
             inputs_embeds=embeds,
             conv=conv,
             recurrent=recurrent,
-            stateless=stateless,
             slots=slots,
-            layer_kv_dims=own,
             position_ids=graph_value("position_ids", np.int64, (position_rows, BATCH, SEQUENCE) if position_rows
                                 else (BATCH, SEQUENCE)) if position_ids or position_rows else None,
             kv_dtype=None if kv_dtype is None else np.dtype(kv_dtype),
@@ -134,38 +124,37 @@ class DecoderIO:
         positions = [] if self.position_ids is None else [self.position_ids]
         return [self.token_input, self.attention_mask, *positions, *(v for state in states for v in state)]
 
-    def outputs(self, logits: ir.Value, vocab_size: int, presents: list[tuple[ir.Value, ir.Value]],
+    def outputs(self, logits: ir.Value, vocab_size: int, presents: list[tuple[ir.Value, ...]],
                 last_only: bool = False) -> list[ir.Value]:
-        """Names and types the final values as the contract's outputs. `last_only`: logits of each
-        row's last token alone, (batch, 1, vocab): onnxruntime-genai reads that fixed 1 as a pruned
-        model (Model::IsPruned) and takes the row as the one to sample from."""
+        """Names and types the final values as the contract's outputs: each layer's presents, in
+        its declaration's order, checked against it. `last_only`: logits of each row's last token
+        alone, (batch, 1, vocab): onnxruntime-genai reads that fixed 1 as a pruned model
+        (Model::IsPruned) and takes the row as the one to sample from."""
         logits.name = "logits"
         logits.type = tensor_type(logits_dtype(self.io_dtype))
         logits.shape = ir.Shape((BATCH, 1 if last_only else SEQUENCE, vocab_size))
-        for i, present in enumerate(presents):
-            if self.past[i] is not None:
-                heads, size = self.kv_dims_of(i)
-                key, value, *present = present
-                for v, pattern in ((key, PRESENT_KEY), (value, PRESENT_VALUE)):
+        for i, (state, present) in enumerate(zip(self.states, presents, strict=True)):
+            if len(present) != len(state.names):
+                raise ValueError(f"layer {i} returned {len(present)} states; it declares {', '.join(state.names) or 'none'}")
+            named = dict(zip(state.names, present))
+            if state.kv is not None:
+                for kind, pattern in (("key", PRESENT_KEY), ("value", PRESENT_VALUE)):
+                    v = named[kind]
                     v.name = pattern % self.slots[i]
                     v.type = tensor_type(self.kv_dtype or self.io_dtype)
-                    v.shape = ir.Shape((BATCH, heads, TOTAL_WINDOW if i in self.windowed_layers else TOTAL, size))
-            if i in self.conv:
-                self._name_conv_state(i, *present)
+                    length = TOTAL_WINDOW if i in self.windowed_layers else TOTAL
+                    v.shape = ir.Shape((BATCH, state.kv.heads, length, state.kv.head_size))
+            for kind, pattern, past in (("conv", PRESENT_CONV, self.conv), ("recurrent", PRESENT_RECURRENT,
+                                                                            self.recurrent)):
+                if kind in named:
+                    v = named[kind]
+                    v.name = pattern % self.slots[i]
+                    v.type, v.shape = past[i].type, ir.Shape(tuple(past[i].shape))
         return [logits, *(v for state in presents for v in state)]
 
     def _conv(self, layer: int) -> tuple[ir.Value, ...]:
         """A layer's conv state and its recurrent state, those it has."""
         return tuple(states[layer] for states in (self.conv, self.recurrent) if layer in states)
-
-    def _name_conv_state(self, layer: int, state: ir.Value, recurrent: ir.Value | None = None) -> None:
-        """Names a conv layer's present state(s): its conv state, and its recurrent state if it has one."""
-        named = [(state, self.conv[layer], PRESENT_CONV)]
-        if recurrent is not None:
-            named.append((recurrent, self.recurrent[layer], PRESENT_RECURRENT))
-        for value, past, pattern in named:
-            value.name = pattern % self.slots[layer]
-            value.type, value.shape = past.type, ir.Shape(tuple(past.shape))
 
 
 def logits_dtype(io_dtype: np.dtype) -> np.dtype:

@@ -265,6 +265,7 @@ def crafted_info(model: ir.Model, config: dict[str, Any], target: Target):
     from builder.architecture import DecoderInfo
     from builder.config_checks import token_ids
     from builder.io import PAST_KEY, PAST_WINDOW
+    from builder.state import KV, LayerState
 
     inputs = {v.name: v for v in model.graph.inputs}
     outputs = {v.name: v for v in model.graph.outputs}
@@ -291,5 +292,6 @@ def crafted_info(model: ir.Model, config: dict[str, Any], target: Target):
         hidden_size=config.get("hidden_size", heads * head_size), num_layers=len(past), num_attention_heads=heads,
         num_kv_heads=kv_heads, head_size=head_size, context_length=context,
         bos_token_id=config.get("bos_token_id"), eos_token_ids=token_ids(config.get("eos_token_id")),
-        pad_token_id=config.get("pad_token_id"), sliding_window=window, sliding_window_layers=windowed,
+        pad_token_id=config.get("pad_token_id"),
+        layers=tuple(LayerState(kv=KV(kv_heads, head_size, window if i in windowed else None)) for i in range(len(past))),
     )

@@ -212,7 +212,9 @@ def test_config_matches_transformers(raw):
     assert tuple(c.mamba.time_step_limit) == tuple(ref.time_step_limit)
     vector = mixer.compute_mup_vector(ref)
     assert vector.shape[-1] == c.mamba.projection
-    assert c.conv_state == (c.mamba.conv_dim, ref.mamba_d_conv - 1)
+    state = c.layer_state(0)
+    assert (state.conv.channels, state.conv.length) == (c.mamba.conv_dim, ref.mamba_d_conv - 1)
+    assert state.kv is not None and state.kind == "full_attention"
     assert c.model_type == "granitemoehybrid"
 
 

@@ -193,7 +193,11 @@ def test_matches_transformers_config(case):
     want = transformers.Lfm2Config(**CASES[case])
     assert c.layer_types == want.layer_types
     assert c.tie_word_embeddings == want.tie_word_embeddings
-    assert c.conv_state == (want.hidden_size, want.conv_L_cache - 1)
+    states = [c.layer_state(i) for i in range(c.num_hidden_layers)]
+    assert [s.kind for s in states] == want.layer_types
+    for s in states:  # conv layers: their last conv_L_cache - 1 inputs; attention layers: a KV cache
+        assert (s.conv is None) == (s.kind != "conv") and (s.kv is None) == (s.kind == "conv")
+        assert s.conv is None or (s.conv.channels, s.conv.length) == (want.hidden_size, want.conv_L_cache - 1)
     assert c.rope_parameters["rope_theta"] == want.rope_parameters["rope_theta"]
     with torch.device("meta"):
         assert c.feed_forward_size == Lfm2MLP(want).w1.out_features

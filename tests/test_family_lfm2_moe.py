@@ -160,7 +160,8 @@ def test_matches_transformers_config(case):
                 "layer_types"):
         assert getattr(c, key) == getattr(want, key), key
     assert c.rope_parameters == dict(want.rope_parameters)
-    assert c.conv_state == (want.hidden_size, want.conv_L_cache - 1)
+    state = next(s for s in map(c.layer_state, range(c.num_hidden_layers)) if s.conv)
+    assert (state.conv.channels, state.conv.length) == (want.hidden_size, want.conv_L_cache - 1)
     small = transformers.Lfm2MoeConfig(**{**copy.deepcopy(config), "hidden_size": 64, "num_experts": 4,
                                           "num_experts_per_tok": 2, "vocab_size": 16})
     with torch.device("meta"):

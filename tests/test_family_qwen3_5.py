@@ -177,8 +177,9 @@ def test_layer_types_and_states_match_transformers_config(overrides):
         from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
 
         layer = Qwen3_5GatedDeltaNet(want, 0)
-    assert c.conv_state == (layer.conv_dim, layer.conv_kernel_size - 1)
-    assert c.recurrent_state == (layer.num_v_heads, layer.head_k_dim, layer.head_v_dim)
+    state = next(s for s in map(c.layer_state, range(c.num_hidden_layers)) if s.conv)
+    assert (state.conv.channels, state.conv.length) == (layer.conv_dim, layer.conv_kernel_size - 1)
+    assert state.recurrent.shape == (layer.num_v_heads, layer.head_k_dim, layer.head_v_dim)
 
 
 def test_fp16_prefill_close_to_transformers(source, tmp_path):

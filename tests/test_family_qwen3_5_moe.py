@@ -145,7 +145,8 @@ def test_config_matches_transformers():
     assert c.rope_parameters["partial_rotary_factor"] == want.rope_parameters["partial_rotary_factor"]
     with torch.device("meta"):
         layer = Qwen3_5MoeGatedDeltaNet(want, 0)
-    assert c.conv_state == (layer.conv_dim, layer.conv_kernel_size - 1)
+    state = next(s for s in map(c.layer_state, range(c.num_hidden_layers)) if s.conv)
+    assert (state.conv.channels, state.conv.length) == (layer.conv_dim, layer.conv_kernel_size - 1)
 
 
 # Qwen3-Next: the same layers with the DeltaNet's projections fused per key head, layer 1 dense

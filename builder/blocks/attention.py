@@ -20,6 +20,7 @@ from builder.blocks.rope import ExplicitRotary, fused_rotary_fits
 from builder.errors import BuildError
 from builder.graph import Graph
 from builder.lazy import Weight
+from builder.state import kv_head_size
 from builder.target import Target
 
 
@@ -301,13 +302,6 @@ def group_query_attention(
         rotary_interleaved=int(spec.rotary_interleaved) if rotary is not None else None,
         **quantized,
     )
-
-
-def kv_head_size(head_dim: int) -> int:
-    """The head size attention runs at and a KV cache stores: `head_dim` rounded up to a multiple
-    of 8. ONNX Runtime's GroupQueryAttention refuses other sizes at the model's first run ("head_size
-    must be a multiple of 8"), after its session was made; a head of 20 runs as 24, zeros after."""
-    return -(-head_dim // 8) * 8
 
 
 def _padded_heads(g: Graph, qkv: tuple[ir.Value, ir.Value | None, ir.Value | None], past: tuple[ir.Value, ir.Value],
