@@ -5,7 +5,7 @@ Runtime runs and the fp32 logits match (< 1e-4); whatever transformers refuses, 
 one line. scripts/differential_configs.py draws thousands of them."""
 
 import pytest
-from differential import bases, cases, run_case
+from differential import Case, bases, cases, run_case
 
 PER_FAMILY = 2  # cases per base here: about 120 in all, under a second each
 SEED = 0
@@ -16,11 +16,37 @@ KNOWN: dict[str, str] = {}
 
 CASES = cases(bases(), PER_FAMILY, SEED)
 
+# Cases the larger runs (scripts/differential_configs.py) found builder getting wrong, each kept:
+# (base, overrides, config.json edits).
+FOUND = [
+    ("llama", dict(hidden_size=24, num_attention_heads=2, num_key_value_heads=1), []),  # heads of 12: padded
+    ("qwen2_moe", dict(partial_rotary_factor=0.4), []),  # whole head rotates: was refused
+    ("granite", dict(partial_rotary_factor=0.75), ["null_optional"]),  # whole head: was built partial
+    ("gemma2", dict(partial_rotary_factor=0.25), ["hub_type"]),  # whole head: was built partial
+    ("gemma4", dict(partial_rotary_factor=0.25), []),  # sliding layers' whole head: relative error 1.59
+    ("starcoder2-window", dict(partial_rotary_factor=0.25), []),  # whole head: relative error 1.1e-3
+    ("nemotron-bias", dict(partial_rotary_factor=0.4), []),  # 25 of 64 rotate (13 pairs): was refused
+    ("glm4", dict(head_dim=12, hidden_size=96, num_attention_heads=2, num_key_value_heads=1,
+                  partial_rotary_factor=0.75), ["hub_rope_type"]),  # 9 of 12 rotate, heads padded
+    ("gemma3", dict(rope_parameters=dict(rope_type="dynamic", factor=2.0, rope_theta=500000.0)), []),  # was refused
+    ("granitemoehybrid", dict(partial_rotary_factor=0.75, rope_parameters=dict(
+        rope_type="linear", factor=2.0, rope_theta=500000.0, partial_rotary_factor=0.75)), ["hub_rope_type"]),
+    ("deepseek_v3", dict(head_dim=48, hidden_size=96, num_attention_heads=3, num_key_value_heads=3), []),
+    ("phi2", dict(head_dim=48, hidden_size=64, num_attention_heads=4, num_key_value_heads=4), ["hub_type"]),
+]
+
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.label[:120], marks=[pytest.mark.xfail(
     strict=True, reason=KNOWN[c.label])] if c.label in KNOWN else []) for c in CASES])
 def test_builder_agrees_with_transformers(case, tmp_path):
     outcome = run_case(case, tmp_path)
+    assert outcome.problem is None, f"{outcome.problem}: {outcome.detail}"
+
+
+@pytest.mark.parametrize("name, overrides, edits", FOUND, ids=[f"{n}-{i}" for i, (n, _, _) in enumerate(FOUND)])
+def test_what_the_larger_runs_found(name, overrides, edits, tmp_path):
+    base = next(b for b in bases() if b.name == name)
+    outcome = run_case(Case(base, overrides, edits, seed=0), tmp_path)
     assert outcome.problem is None, f"{outcome.problem}: {outcome.detail}"
 
 
