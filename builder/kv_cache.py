@@ -14,30 +14,17 @@ float build and a text.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from builder.errors import BuildError
 from builder.hf_config import parse_json
+from builder.target import KVCacheQuantization
 
 SCHEMES = ("float", "int8-per-tensor", "int8-per-channel")
 INT8_QMAX = 128  # onnxruntime-genai's calibration divisor for int8 (builders/base.py, KV_CACHE_CALIBRATION_QMAX)
 MAX_FILE_BYTES = 64 << 20
-
-
-@dataclass(frozen=True)
-class KVCacheQuantization:
-    """Per-channel or per-tensor int8 scales for each KV layer's keys and values."""
-
-    per_channel: bool
-    k_scales: dict[int, np.ndarray]  # layer -> float32 [1] or [num_kv_heads · head_size]
-    v_scales: dict[int, np.ndarray]
-
-    @property
-    def quant_type(self) -> str:
-        return "PER_CHANNEL" if self.per_channel else "PER_TENSOR"
 
 
 def read_scales(path: str | Path, scheme: str, kv_layers: list[int], kv_heads: int, head_size: int) -> KVCacheQuantization:

@@ -3,9 +3,9 @@
 In the order a build meets them: the options' own types and pairs (`BuildOptions.__post_init__`,
 at parsing), --verify's needs (`verify.check_verifiable`, before any work), the output path
 (`output_folder.check_output`), the input folder's links (`inputs.trust`), the format's own
-header checks (`builder.inputs`), then these: quantization configs, the layer count and sizes
-against the tensors, the context length, the windowed cache, --float/--int8-layers, the
-tokenizer files, and last the disk and memory the plan needs (`check_room`)."""
+header checks (`builder.inputs`: quantization configs and tokenizer files, builder.inputs.checks),
+then these: quantization configs, the layer count and sizes
+against the tensors, the context length, the windowed cache, --float/--int8-layers, and last the disk and memory the plan needs (`check_room`)."""
 
 from __future__ import annotations
 
@@ -21,39 +21,17 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from builder.config_checks import config_object
 from builder.errors import BuildError
-from builder.hf_config import load_json
 from builder.target import Target, matches
 from builder.units import human
 
 log = logging.getLogger("builder")
 
-# onnxruntime-genai's tokenizer reads tokenizer.json (with tokenizer_config.json), or a
-# SentencePiece tokenizer.model; without one of them beside the model it fails to load it.
-TOKENIZER_MODELS = ("tokenizer.json", "tokenizer.model")
-# The JSON files beside it that transformers and genai read as objects.
-TOKENIZER_OBJECTS = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 # A decoder layer's tensors: model.layers.N.*, or a multimodal checkpoint's language model's
 # (both layouts); a vision tower's encoder.layers.N.* are not the decoder's.
 # Whisper's num_hidden_layers is its encoder_layers (WhisperConfig's alias): model.encoder.layers.N.
 DECODER_LAYER = re.compile(r"(?:model\.|language_model\.model\.|model\.language_model\.|backbone\.|model\.encoder\.)"
                            r"layers\.(\d+)\.")
-
-
-def check_not_prequantized(raw: dict[str, Any], path: Path, accepted: tuple[str, ...] = ()) -> None:
-    """A checkpoint whose weights are already quantized (bitsandbytes, HQQ, mxfp4, ...) holds packed
-    integers and scales under other tensor names: refused until builder reads those formats, except
-    the quant_methods in `accepted`: AWQ and GPTQ (builder/inputs/awq_gptq.py), FP8 (builder/inputs/fp8.py) and
-    those the architecture reads itself (gpt-oss: mxfp4)."""
-    for where, cfg in (("", raw), ("text_config.", config_object(raw, "text_config"))):
-        q = cfg.get("quantization_config")
-        if q:
-            method = q.get("quant_method", "unknown") if isinstance(q, dict) else "unknown"
-            if method in accepted:
-                continue
-            raise BuildError(f"{path}: {where}quantization_config says the weights are already quantized "
-                             f"(quant_method {method!r}); builder reads float checkpoints only (bf16, fp16, fp32)")
 
 
 def check_layer_count(raw: dict[str, Any], tensor_names: Iterable[str]) -> None:
@@ -107,31 +85,6 @@ def check_float_layers(patterns: tuple[str, ...], linears: dict[str, tuple[str, 
             examples = [m for sources in linears.values() for m in sources][:3] or list(linears)[:3]
             raise BuildError(f"{flag} {pattern!r} matches no linear layer of the checkpoint "
                              f"(module names look like {', '.join(examples)})")
-
-
-def check_tokenizer_files(folder: Path) -> None:
-    """Refuses, before anything is written, tokenizer files that would be copied beside the model
-    broken: a tokenizer.json that is not a Hugging Face tokenizers file (valid JSON, an object
-    with a "model" object), or a tokenizer_config.json (special_tokens_map.json,
-    added_tokens.json) that is not a JSON object; warns when there is no tokenizer at all."""
-    tokenizer = folder / "tokenizer.json"
-    if tokenizer.is_file():
-        data = load_json(tokenizer)
-        if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
-            raise BuildError(f'{tokenizer}: not a Hugging Face tokenizer (no "model" object); onnxruntime-genai '
-                             "could not load it")
-    for path in (folder / name for name in TOKENIZER_OBJECTS):
-        if path.is_file() and not isinstance(load_json(path), dict):
-            raise BuildError(f"{path}: expected a JSON object")
-    warn_if_no_tokenizer(folder)
-
-
-def warn_if_no_tokenizer(folder: Path) -> None:
-    """The model is still built (a tokenizer can be copied in later), but onnxruntime-genai will not load it."""
-    if not any((folder / name).is_file() for name in TOKENIZER_MODELS):
-        log.warning("warning: %s has no tokenizer.json or tokenizer.model: the model is built, but "
-                    "onnxruntime-genai's tokenizer needs tokenizer.json (with tokenizer_config.json) or "
-                    "tokenizer.model beside it", folder)
 
 
 def warn_if_bf16_rounds_stored_scales(prequantized: bool, target: Target) -> None:

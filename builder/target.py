@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from builder.kv_cache import KVCacheQuantization
 from builder.providers import PROVIDERS, Provider
 
 
@@ -20,6 +19,19 @@ BITS_DEFAULTS: dict[int, dict[str, object]] = {
     4: {"method": "search", "symmetric": False},
     8: {"method": "rtn", "symmetric": True},
 }
+
+
+@dataclass(frozen=True)
+class KVCacheQuantization:
+    """Per-channel or per-tensor int8 scales for each KV layer's keys and values."""
+
+    per_channel: bool
+    k_scales: dict[int, np.ndarray]  # layer -> float32 [1] or [num_kv_heads · head_size]
+    v_scales: dict[int, np.ndarray]
+
+    @property
+    def quant_type(self) -> str:
+        return "PER_CHANNEL" if self.per_channel else "PER_TENSOR"
 
 
 @dataclass(frozen=True)

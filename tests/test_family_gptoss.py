@@ -193,7 +193,7 @@ def test_config_matches_transformers(case):
 
 def test_only_gpt_oss_reads_a_prequantized_checkpoint(source, tmp_path):
     from builder.errors import BuildError
-    from builder.preflight import check_not_prequantized
+    from builder.inputs.checks import check_not_prequantized
 
     raw = {"quantization_config": {"quant_method": "mxfp4"}}
     check_not_prequantized(raw, tmp_path, architectures.load("GptOssForCausalLM").quant_methods)

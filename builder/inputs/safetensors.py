@@ -25,7 +25,7 @@ from builder.hf_config import generation_config, load_json, parse_json
 from builder.inputs.mapping import TensorInfo, mapped
 from builder.inputs.source import NamedTensors
 from builder.lazy import Weight
-from builder.preflight import check_not_prequantized, check_tokenizer_files
+from builder.inputs.checks import check_not_prequantized, check_tokenizer_files
 
 DTYPES: dict[str, np.dtype] = {
     "F64": np.dtype(np.float64),
