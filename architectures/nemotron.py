@@ -20,7 +20,7 @@ from architectures import stablelm
 from architectures.stablelm import LayerNormWeights
 from builder.architecture import Weights
 from builder.decoder_config import DecoderConfig
-from builder.family import Decoder, register
+from builder.family import Decoder, parse, register
 from builder.lazy import Weight
 
 # NemotronConfig's defaults where they differ from the shared ones (partial_rotary_factor: for
@@ -72,6 +72,7 @@ FAMILY = register(stablelm.FAMILY.with_(
     name="nemotron", config=NemotronConfig, variants=VARIANTS, structure=STRUCTURE,
     layer=partial(stablelm.decoder_layer, self_attn=stablelm.biased_self_attn, mlp=mlp),
     weights=NemotronWeights, final_norm=partial(stablelm.final_norm, weights=NemotronWeights),
+    parser=parse,  # an odd rotated share runs in transformers' Nemotron (one dimension more rotates)
 ))
 
 __all__ = ["FAMILY", "VARIANTS", "NemotronConfig", "NemotronWeights"]

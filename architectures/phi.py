@@ -41,10 +41,6 @@ class PhiConfig(DecoderConfig):
     qk_layernorm: bool = False
     use_parallel_residual: ClassVar[bool] = True
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        stablelm.check_even_rotary(self)
-
 
 def self_attn_weights(a: Weights, c: PhiConfig) -> AttentionWeights:
     """PhiAttention's q/k/v_proj and dense, all with biases, and its optional q/k LayerNorms."""

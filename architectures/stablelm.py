@@ -26,7 +26,8 @@ import onnx_ir as ir
 from builder.architecture import Weights, attention_weights
 from builder.blocks import AttentionSpec, AttentionWeights, ResidualStream, gated_mlp, plain_mlp, self_attention
 from builder.decoder_config import DecoderConfig
-from builder.family import Decoder, Family, register
+from builder.errors import BuildError
+from builder.family import Decoder, Family, parse, register
 from builder.lazy import Weight
 
 # StableLmConfig's defaults where they differ from the shared ones (partial_rotary_factor: for
@@ -52,19 +53,25 @@ class StableLmConfig(DecoderConfig):
     qk_layernorm: bool = False
     use_parallel_residual: bool = False
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_even_rotary(self)
 
-
-def check_even_rotary(c: DecoderConfig) -> None:
-    """StableLM's and Phi's attention rotate int(head_dim · partial_rotary_factor) dimensions with
-    cos/sin of ceil(that / 2) frequencies: an odd count fails transformers' forward ("The size of
-    tensor a (25) must match the size of tensor b (26)"), so it is refused."""
+def parse_config(family: Family, raw: dict[str, Any], architecture: str) -> Any:
+    """`parse`, refusing what StableLM's and Phi's modeling files cannot run: they rotate
+    int(head_dim · partial_rotary_factor) dimensions with cos/sin of ceil(that / 2) frequencies, so
+    an odd count fails their forward ("The size of tensor a (25) must match the size of tensor b
+    (26)"); and StableLM's attention splits heads of hidden_size / num_attention_heads while its
+    rotary spans config.json's head_dim, so another head_dim fails it too."""
+    c = parse(family, raw, architecture)
+    given = raw.get("head_dim")
+    if architecture == "StableLmForCausalLM" and given is not None and given != c.hidden_size // c.num_attention_heads:
+        raise BuildError(f"config.json: head_dim {given} is not hidden_size / num_attention_heads "
+                         f"({c.hidden_size // c.num_attention_heads}), which StableLM's attention uses: transformers "
+                         "cannot run it")
     rotated = int(c.head_dim * c.rope_parameters.get("partial_rotary_factor", 1.0))
     if rotated % 2:
-        raise ValueError(f"partial_rotary_factor {c.rope_parameters['partial_rotary_factor']} of a {c.head_dim}-wide "
-                         f"head rotates {rotated} dimensions, an odd number, which transformers cannot run")
+        raise BuildError(f"config.json: partial_rotary_factor {c.rope_parameters['partial_rotary_factor']} of a "
+                         f"{c.head_dim}-wide head rotates {rotated} dimensions, an odd number, which transformers "
+                         "cannot run")
+    return c
 
 
 class LayerNormWeights(Weights):
@@ -146,7 +153,7 @@ def decoder_layer(d: Decoder, w: LayerNormWeights, i: int,
 
 FAMILY = register(Family(
     "stablelm", StableLmConfig, decoder_layer, VARIANTS, structure=STRUCTURE,
-    stream=layer_norm_stream, weights=LayerNormWeights, final_norm=final_norm, partial_rotary=True,
+    stream=layer_norm_stream, weights=LayerNormWeights, final_norm=final_norm, partial_rotary=True, parser=parse_config,
 ))
 
 __all__ = ["FAMILY", "STRUCTURE", "VARIANTS", "LayerNormWeights", "StableLmConfig", "biased_self_attn", "decoder_layer",

@@ -20,7 +20,7 @@ import onnx_ir as ir
 from architectures import stablelm
 from builder.architecture import Weights
 from builder.decoder_config import DecoderConfig
-from builder.family import Decoder, register
+from builder.family import Decoder, parse, register
 
 # Starcoder2Config's defaults where they differ from the shared ones.
 VARIANTS: dict[str, dict[str, Any]] = {"Starcoder2ForCausalLM": dict(
@@ -61,7 +61,7 @@ def mlp(d: Decoder, m: Weights, h: ir.Value) -> ir.Value:
 FAMILY = register(stablelm.FAMILY.with_(
     name="starcoder2", config=Starcoder2Config, variants=VARIANTS, structure=STRUCTURE,
     layer=partial(stablelm.decoder_layer, self_attn=stablelm.biased_self_attn, mlp=mlp),
-    partial_rotary=False,  # Starcoder2's default rotary rotates the whole head (StableLM's does not)
+    partial_rotary=False, parser=parse,  # Starcoder2's rotary spans the whole head, whatever config.json says
 ))
 
 __all__ = ["FAMILY", "STRUCTURE", "VARIANTS", "Starcoder2Config"]
