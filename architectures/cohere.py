@@ -54,12 +54,6 @@ class CohereConfig(DecoderConfig):
     # Structure the modeling files fix per architecture (not config.json keys).
     global_rope: bool = True
 
-    def __post_init__(self) -> None:
-        if self.rope_parameters.get("rope_type") == "default":  # Cohere's default rotary ignores partial_rotary_factor
-            object.__setattr__(self, "rope_parameters",
-                               {k: v for k, v in self.rope_parameters.items() if k != "partial_rotary_factor"})
-        super().__post_init__()
-
     def default_layer_types(self) -> list[str]:
         """Cohere 2 without layer_types: every sliding_window_pattern-th layer is global."""
         return ["sliding_attention" if self.sliding_window is not None and (i + 1) % self.sliding_window_pattern
@@ -103,7 +97,6 @@ def scaled_logits(d: Decoder, h: ir.Value) -> ir.Value:
 
 FAMILY = register(Family(
     "cohere", CohereConfig, decoder_layer, VARIANTS, structure=STRUCTURE, stream=stablelm.layer_norm_stream,
-    partial_rotary=True,  # CohereConfig handles it: dropped for the default rope
     logits=scaled_logits,
     # Older checkpoints saved the rotary buffer; it is recomputed from the config.
     ignored=("model.layers.*.self_attn.rotary_emb.inv_freq",),

@@ -106,6 +106,10 @@ class DeepseekV3Config(Glm4MoeConfig):
             # qk_rope_head_dim only when absent): any other width fails in its forward.
             raise ValueError(f"head_dim {self.head_dim} is not qk_rope_head_dim ({self.qk_rope_head_dim}), the width "
                              "transformers rotates: it cannot run this config")
+        if self.num_key_value_heads not in (None, self.num_attention_heads):
+            # transformers' DeepseekV3Attention repeats no KV heads: any other count fails its forward
+            raise ValueError(f"num_key_value_heads {self.num_key_value_heads} is not num_attention_heads "
+                             f"({self.num_attention_heads}), which transformers' MLA needs: it cannot run this config")
         set_(self, "head_dim", self.qk_rope_head_dim + self.kv_lora_rank)
         set_(self, "num_key_value_heads", 1)
         if self.qk_rope_head_dim % 2:

@@ -19,7 +19,7 @@ from builder.architecture import Weights, attention_weights, vocabulary
 from builder.blocks import AttentionSpec, ResidualStream, Vocabulary, gated_mlp, self_attention
 from builder.decoder_config import DecoderConfig
 from builder.errors import BuildError
-from builder.family import Decoder, Family, register, rotary_by_layer_type, whole_head_rotary
+from builder.family import Decoder, Family, no_partial_rotary, register, rotary_by_layer_type, whole_head_rotary
 from builder.graph import Graph
 from builder.hf_config import from_dict, rope_parameters, rope_parameters_by_layer_type, text_config
 from builder.inputs.source import Checkpoint
@@ -104,6 +104,8 @@ def parse_config(family: Family, raw: dict[str, Any], architecture: str) -> Gemm
     prefix = f"{TEXT_CONFIG[architecture]}." if architecture in TEXT_CONFIG else ""
     if "full_attention" not in rope:  # Gemma's and Gemma 2's modeling files rotate the whole head
         rope = whole_head_rotary(rope, architecture)
+    else:
+        rope = no_partial_rotary(rope, architecture)
     return from_dict(family.config, raw, defaults, key_prefix=prefix, rope_parameters=rope)
 
 

@@ -33,7 +33,7 @@ from builder.blocks import AttentionSpec, gated_mlp, self_attention, sparse_moe
 from builder.blocks.mamba2 import Mamba2Spec, Mamba2Weights, mamba2_mixer
 from builder.blocks.moe import unstacked
 from builder.decoder_config import DecoderConfig
-from builder.family import Decoder, Family, conv_padding, parse, register, rotary
+from builder.family import Decoder, Family, conv_padding, parse, register, rotary, strip_partial_rotary
 from builder.state import Conv, LayerState, Recurrent
 
 VARIANTS: dict[str, dict[str, Any]] = {"GraniteMoeHybridForCausalLM": dict(model_type="granitemoehybrid")}
@@ -202,10 +202,7 @@ def parse_config(family: Family, raw: dict[str, Any], architecture: str) -> Gran
     if raw.get("num_local_experts") == 0:
         raw = {**raw, "num_local_experts": None}
     if raw.get("position_embedding_type") != "rope":  # no rotary at all: its settings are never read
-        raw = {k: v for k, v in raw.items() if k != "partial_rotary_factor"}
-        for key in ("rope_parameters", "rope_scaling"):
-            if isinstance(raw.get(key), dict):
-                raw[key] = {k: v for k, v in raw[key].items() if k != "partial_rotary_factor"}
+        raw = strip_partial_rotary(raw)
     return parse(family, raw, architecture)
 
 

@@ -39,7 +39,7 @@ from builder.blocks.mamba2 import Mamba2Spec, Mamba2Weights, mamba2_mixer
 from builder.blocks.moe import RELU_SQUARED_ALPHA, grouped_sigmoid_router, routed_experts, unstacked
 from builder.decoder_config import DecoderConfig
 from builder.errors import BuildError
-from builder.family import Decoder, Family, conv_padding, parse, register
+from builder.family import conv_padding, Decoder, Family, parse, register, strip_partial_rotary
 from builder.inputs.source import Checkpoint
 from builder.state import LayerState
 
@@ -147,7 +147,7 @@ def layer_types(raw: dict[str, Any]) -> list[str]:
 def parse_config(family: Family, raw: dict[str, Any], architecture: str) -> NemotronHConfig:
     """`parse` with the layer kinds resolved (layer_types) and counted (num_hidden_layers: transformers
     derives it from them and ignores config.json's), the older Mamba key spellings renamed."""
-    raw = {**{RENAMED.get(k, k): v for k, v in raw.items()}}
+    raw = strip_partial_rotary({RENAMED.get(k, k): v for k, v in raw.items()})  # no rotary at all
     types = layer_types(raw)
     raw.update(layer_types=types, num_hidden_layers=len(types))
     return parse(family, raw, architecture)

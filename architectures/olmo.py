@@ -21,7 +21,7 @@ from builder.blocks import AttentionSpec, ResidualStream, gated_mlp, self_attent
 from builder.blocks.attention import AttentionWeights
 from builder.config_checks import rope_sources
 from builder.decoder_config import DecoderConfig
-from builder.family import Decoder, Family, parse, register, rotary_by_layer_type
+from builder.family import Decoder, Family, no_partial_rotary, parse, register, rotary_by_layer_type
 from builder.hf_config import SCALED_ROPE_TYPES, from_dict
 
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -84,7 +84,7 @@ def parse_config(family: Family, raw: dict[str, Any], architecture: str) -> Olmo
     """The shared parse, but OLMo 3 resolves its rotary settings per layer type."""
     if architecture != "Olmo3ForCausalLM":
         return parse(family, raw, architecture)
-    rope = olmo3_rope_parameters(raw, raw.get("max_position_embeddings", 2048))
+    rope = no_partial_rotary(olmo3_rope_parameters(raw, raw.get("max_position_embeddings", 2048)), architecture)
     return from_dict(family.config, raw, family.variants[architecture], rope_parameters=rope,
                      **family.structure[architecture])
 

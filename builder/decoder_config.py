@@ -61,6 +61,9 @@ class DecoderConfig:
             set_(self, "layer_types", self.default_layer_types())
         if len(self.layer_types) != self.num_hidden_layers:
             raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
+        if self.sliding_window is None and "sliding_attention" in self.layer_types:
+            # transformers' mask for them fails ("'NoneType' object cannot be interpreted as an integer")
+            raise ValueError("layer_types has sliding_attention layers but sliding_window is null")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"num_attention_heads ({self.num_attention_heads}) is not a multiple of "
                              f"num_key_value_heads ({self.num_key_value_heads})")

@@ -131,6 +131,28 @@ def parse(family: Family, raw: dict[str, Any], architecture: str) -> Any:
     return from_dict(family.config, raw, defaults, rope_parameters=rope, **family.structure.get(architecture, {}))
 
 
+def no_partial_rotary(rope: dict[str, Any], architecture: str) -> dict[str, Any]:
+    """`rope` (one dict per layer type) for a modeling file that cannot run a partial rotary at
+    all: transformers puts a top-level partial_rotary_factor into every type's entry, its rotary
+    then makes cos/sin narrower than the head it multiplies, and the forward fails (Gemma 3,
+    OLMo 3, Cohere 2)."""
+    for kind, params in rope.items():
+        if isinstance(params, dict) and params.get("partial_rotary_factor", 1.0) != 1.0:
+            raise BuildError(f"{architecture} with partial_rotary_factor {params['partial_rotary_factor']} "
+                             f"({kind}): transformers rotates the whole head there and cannot run it")
+    return rope
+
+
+def strip_partial_rotary(raw: dict[str, Any]) -> dict[str, Any]:
+    """config.json without partial_rotary_factor, for a decoder that has no rotary at all (no
+    position_embedding_type rope, Nemotron-H): the value is never read."""
+    raw = {k: v for k, v in raw.items() if k != "partial_rotary_factor"}
+    for key in ("rope_parameters", "rope_scaling"):
+        if isinstance(raw.get(key), dict):
+            raw[key] = {k: v for k, v in raw[key].items() if k != "partial_rotary_factor"}
+    return raw
+
+
 def whole_head_rotary(rope: dict[str, Any], architecture: str) -> dict[str, Any]:
     """`rope` for a modeling file that rotates the whole head (its own compute_default_rope_parameters
     ignores partial_rotary_factor, as Llama's, Granite's, Gemma's and the MoE families' do): with

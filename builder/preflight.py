@@ -53,11 +53,13 @@ def check_layer_count(raw: dict[str, Any], tensor_names: Iterable[str]) -> None:
 
 # Sizes a config gives that the graph makes tables or shapes of before reading the tensors that
 # would contradict them (the rotary tables are sized by head_dim).
-TENSOR_SIZES = ("head_dim", "hidden_size", "intermediate_size")
+# (Not intermediate_size: a family that builds no dense MLP, as Qwen3.5-MoE, never reads it, and a
+# dense one checks it against its projections' shapes.)
+TENSOR_SIZES = ("head_dim", "hidden_size")
 
 
 def check_sizes_fit(config: Any, tensors: dict[str, Any]) -> None:
-    """Refuses a head_dim, hidden_size or intermediate_size larger than the checkpoint's largest
+    """Refuses a head_dim or hidden_size larger than the checkpoint's largest
     tensor holds elements: no such model exists, and the rotary tables it sizes (built before the
     first projection's shape is checked) would exhaust memory first (head_dim 10^9)."""
     largest = max((math.prod(t.shape) for t in tensors.values()), default=0)

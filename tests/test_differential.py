@@ -33,6 +33,18 @@ FOUND = [
         rope_type="linear", factor=2.0, rope_theta=500000.0, partial_rotary_factor=0.75)), ["hub_rope_type"]),
     ("deepseek_v3", dict(head_dim=48, hidden_size=96, num_attention_heads=3, num_key_value_heads=3), []),
     ("phi2", dict(head_dim=48, hidden_size=64, num_attention_heads=4, num_key_value_heads=4), ["hub_type"]),
+    # The 3,000-case run's (seed 1) that remained:
+    ("gemma2", dict(sliding_window=None), []),  # sliding layers without a window: transformers fails, was built
+    ("gemma3", dict(partial_rotary_factor=0.25), ["hub_type"]),  # transformers fails, was built partial
+    ("cohere-qk-norm-untied", dict(partial_rotary_factor=0.5, rope_parameters=dict(
+        rope_type="yarn", factor=4.0, original_max_position_embeddings=32, rope_theta=500000.0,
+        partial_rotary_factor=0.5)), []),  # transformers fails, was built
+    ("nemotron_h", dict(partial_rotary_factor=0.5, rope_parameters=dict(
+        rope_type="llama3", factor=16.0, low_freq_factor=1.0, high_freq_factor=1.0,
+        original_max_position_embeddings=32, rope_theta=1e6, partial_rotary_factor=0.5)), []),  # no rotary: was refused
+    ("deepseek_v3", dict(hidden_size=160, num_attention_heads=4, num_key_value_heads=1), []),  # transformers fails
+    ("qwen3_5_moe", dict(head_dim=16, hidden_size=16, num_attention_heads=1, num_key_value_heads=1), []),  # was refused
+    ("stablelm2-12b", dict(head_dim=80, hidden_size=96, num_attention_heads=4, num_key_value_heads=4), []),
 ]
 
 
