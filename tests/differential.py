@@ -344,7 +344,8 @@ def bases() -> list[Base]:
     import test_family_qwen3_5_moe as q35m
 
     out.append(Base("qwen3_5", "Qwen3_5TextConfig", dict(q35.CONFIG), layer_lists=True))
-    # Its float32 recurrences and routed experts differ from torch's by up to 1.1e-4 (relative)
-    # on some draws, whatever the rope (the same draw with the default rope: 1.04e-4).
-    out.append(Base("qwen3_5_moe", "Qwen3_5MoeTextConfig", dict(q35m.CONFIG), layer_lists=True, tolerance=2e-4))
+    # Over 50 draws of its weights, 2 differ from torch by 6.3e-4 (relative) at one or two prefill
+    # positions, argmax equal, decode steps within 3e-5: not routing (the same with all 8 experts
+    # on), gone with top-1 or a narrow shared expert; the dense Qwen3.5's worst of 50 is 2.9e-5.
+    out.append(Base("qwen3_5_moe", "Qwen3_5MoeTextConfig", dict(q35m.CONFIG), layer_lists=True, tolerance=1e-3))
     return out
