@@ -198,17 +198,9 @@ def _main(argv: Sequence[str] | None, received: list[int], published: list[Path]
             _say(dry_run(options))
             return 0
         out = build(options, progress=not flags["quiet"], on_published=published.append)
-        if flags["verify"]:
-            from builder.pipeline import source_folder
-            from builder.verify import verify
-
-            verdicts = verify(options, out, source_folder(options), quiet=flags["quiet"])
-            if not flags["quiet"]:
-                for verdict in verdicts:
-                    print(verdict, file=sys.stderr)
-            if not all(v.passed for v in verdicts):
-                _say(str(out))
-                return VERIFY_FAILED
+        if flags["verify"] and not _verified(options, out, flags["quiet"]):
+            _say(str(out))
+            return VERIFY_FAILED
     except BuildError as e:
         if flags["debug"]:
             raise
@@ -228,6 +220,19 @@ def _main(argv: Sequence[str] | None, received: list[int], published: list[Path]
         return _interrupted(e, out, received, published)
     _say(str(out))
     return 0
+
+
+def _verified(options, out: Path, quiet: bool) -> bool:
+    """--verify: compares the build with transformers, prints the verdicts (unless `quiet`) and
+    returns whether all passed."""
+    from builder.pipeline import source_folder
+    from builder.verify import verify
+
+    verdicts = verify(options, out, source_folder(options), quiet=quiet)
+    if not quiet:
+        for verdict in verdicts:
+            print(verdict, file=sys.stderr)
+    return all(v.passed for v in verdicts)
 
 
 def _interrupted(e: BaseException, out: Path | None, received: list[int], published: list[Path] = ()) -> int:

@@ -99,25 +99,17 @@ def local_inputs(options: BuildOptions) -> list[Path]:
 
 def plan(options: BuildOptions, folder: Path) -> Plan:
     """Reads config.json and the safetensors headers (or a GGUF file's header) and records the
-    graph; reads no weight."""
+    graph; reads no weight. The checks first (the architecture, the config against the tensors,
+    the options against the package), then each model recorded, checked and estimated."""
     inp = read_input(folder)
     raw = inp.config
-    given = raw.get("architectures")
-    if not (isinstance(given, list) and given and all(isinstance(n, str) for n in given)):
-        raise BuildError(f"{inp.config_path}: 'architectures' must be a list of class names such as "
-                         f"[\"LlamaForCausalLM\"], got {json.dumps(given)[:80]}")
-    names = [architectures.canonical(n) for n in given]
-    if raw.get("auto_map") and names[0] not in architectures.ARCHITECTURES:
-        raise BuildError(
-            f"{names[0]} needs the checkpoint's own Python code (auto_map / trust_remote_code), which "
-            f"builder never runs; supported: {', '.join(sorted(architectures.ARCHITECTURES))}"
-        )
-    known = names[0] in architectures.ARCHITECTURES
-    inp.check_quantization(architectures.load(names[0]).quant_methods if known else ())
-    family = architectures.load(names[0])
+    name = _architecture(raw, inp.config_path)
+    known = name in architectures.ARCHITECTURES
+    inp.check_quantization(architectures.load(name).quant_methods if known else ())
+    family = architectures.load(name)
     checkpoint, adapter = with_adapter(inp.open_checkpoint(), options)
     check_layer_count(raw, checkpoint.tensors)  # before the config makes anything per layer
-    config = family.parse_config(raw, names[0])
+    config = family.parse_config(raw, name)
     check_sizes_fit(config, checkpoint.tensors)
     info = decoder_info(config)
     target = options.target().with_layers(info.num_layers)
@@ -125,64 +117,94 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     if target.context_length:
         info = dataclasses.replace(info, context_length=target.context_length)
     warn_if_bf16_rounds_stored_scales(inp.stores_blocks, target)
-    packager = architectures.load_package(names[0]) if inp.can_package and not options.text_only else None
+    packager = architectures.load_package(name) if inp.can_package and not options.text_only else None
     package = packager.package(raw, folder, checkpoint, config, target) if packager is not None else None
+    check_windowed_cache(info, options.windowed_kv_cache, options.search)
+    _check_package_options(name, family, package, options, target)
 
     g = Graph()
-    check_windowed_cache(info, options.windowed_kv_cache, options.search)
-    if target.last_logits_only and (package is not None or family.decoder is not None):
-        raise BuildError(f"--prune-lm-head: {names[0]}'s package (encoder and decoder models) is not proved "
-                         "with last-position logits; build it without --prune-lm-head"
-                         + (" or build the text decoder alone (--text-only)" if family.decoder is None else ""))
-    if family.decoder is not None:  # a decoder with I/O of its own (Whisper's)
-        if package is None:
-            raise BuildError(f"{names[0]}'s decoder runs only beside its encoder: build the whole package "
-                             "(without --text-only, from a safetensors folder)")
-        if options.kv_cache != "float" or target.standard_ops:
-            raise BuildError(f"{names[0]}: --kv-cache and --standard-ops apply to decoders of the shared I/O "
-                             "contract, not its encoder-decoder package")
-        inputs, outputs = family.decoder(g, checkpoint, config, target)
-    else:
-        windowed = info.sliding_window_layers if target.windowed_kv_cache else []
-        io = DecoderIO.from_states(info.layers, target.io_dtype, windowed,
-                                   embeds_width=(package.embeds_width or info.hidden_size) if package is not None else None,
-                                   position_ids=target.provider.position_ids,
-                                   kv_dtype=np.int8 if options.kv_cache != "float" else None,
-                                   position_rows=3 if package is not None and package.position_ids else None)
-        # The provider's positions (batch, sequence) feed explicit rotary; Qwen-VL's M-RoPE rows its own tables.
-        g.position_ids = io.position_ids if io.position_ids is not None and len(io.position_ids.shape) == 2 else None
-        if options.kv_cache != "float":
-            target = _with_kv_scales(g, io, info, target, options)
-        logits, presents = family.build(g, io, checkpoint, config, target)
-        inputs, outputs = io.inputs, io.outputs(logits, info.vocab_size, presents, target.last_logits_only)
+    inputs, outputs, target = _record_decoder(g, family, checkpoint, config, info, package, options, target)
     checkpoint.check_consumed(family.ignored if package is None else package.ignored)
     if target.quantization is not None:
         check_float_layers(target.quantization.float_layers, g.linears)
         check_float_layers(tuple(options.int8_layers), g.linears, "--int8-layers")
     inp.check_tokenizer()
     model = g.model(inputs, outputs, standard=target.standard_ops)
-    if target.standard_ops:
-        check_standard_ops(model, names[0])
-    check_provider_kernels(model, target.provider, names[0])
-    RemoveUnusedNodesPass()(model)
-    TopologicalSortPass()(model)
-
+    _finish(model, name, target)
     generation = inp.generation_config(info.vocab_size)
     sources = dict(g.sources)
     stored: set = set()  # the values the models before store (a tied vocabulary: writer.save_models)
     estimates = {MODEL_STEM: estimate(model, _source_bytes(checkpoint, g.sources), g.members, stored, g.quantizes)}
     for stem, part in package.models.items() if package is not None else ():
-        if target.standard_ops:
-            check_standard_ops(part, f"{names[0]}'s {stem} model")
-        check_provider_kernels(part, target.provider, f"{names[0]}'s {stem} model")
-        RemoveUnusedNodesPass()(part)
-        TopologicalSortPass()(part)
-        sources.update({f"{stem}:{name}": srcs for name, srcs in package.sources[stem].items()})
+        _finish(part, f"{name}'s {stem} model", target)
+        sources.update({f"{stem}:{n}": srcs for n, srcs in package.sources[stem].items()})
         estimates[stem] = estimate(part, _source_bytes(checkpoint, package.sources[stem]), stored=stored)
     total = combined(list(estimates.values()))
     total = dataclasses.replace(total, peak_rss=total.peak_rss + inp.files_memory())  # a GGUF's tokenizer
-    return Plan(folder, names[0], config, info, checkpoint, model, generation, total,
+    return Plan(folder, name, config, info, checkpoint, model, generation, total,
                 sources, inp, adapter, package, estimates, target)
+
+
+def _architecture(raw: dict, config_path: Path) -> str:
+    """config.json's first architecture, as the registry names it; refused when malformed or when
+    it needs the checkpoint's own code."""
+    given = raw.get("architectures")
+    if not (isinstance(given, list) and given and all(isinstance(n, str) for n in given)):
+        raise BuildError(f"{config_path}: 'architectures' must be a list of class names (transformers' model "
+                         f"classes), got {json.dumps(given)[:80]}")
+    name = architectures.canonical(given[0])
+    if raw.get("auto_map") and name not in architectures.ARCHITECTURES:
+        raise BuildError(
+            f"{name} needs the checkpoint's own Python code (auto_map / trust_remote_code), which "
+            f"builder never runs; supported: {', '.join(sorted(architectures.ARCHITECTURES))}"
+        )
+    return name
+
+
+def _check_package_options(name: str, family, package, options: BuildOptions, target) -> None:
+    """Options a package (several models) or a decoder with I/O of its own does not take."""
+    if target.last_logits_only and (package is not None or family.decoder is not None):
+        raise BuildError(f"--prune-lm-head: {name}'s package (encoder and decoder models) is not proved "
+                         "with last-position logits; build it without --prune-lm-head"
+                         + (" or build the text decoder alone (--text-only)" if family.decoder is None else ""))
+    if family.decoder is not None:  # a decoder with I/O of its own (an encoder-decoder's)
+        if package is None:
+            raise BuildError(f"{name}'s decoder runs only beside its encoder: build the whole package "
+                             "(without --text-only, from a safetensors folder)")
+        if options.kv_cache != "float" or target.standard_ops:
+            raise BuildError(f"{name}: --kv-cache and --standard-ops apply to decoders of the shared I/O "
+                             "contract, not its encoder-decoder package")
+
+
+def _record_decoder(g: Graph, family, checkpoint, config, info: DecoderInfo, package, options: BuildOptions,
+                    target) -> tuple[list[ir.Value], list[ir.Value], object]:
+    """The decoder recorded on `g`, its inputs and outputs from the layers' declared states
+    (DecoderIO.from_states), or the family's own `decoder` hook; returns (inputs, outputs, the
+    target, with the int8 KV cache's scales where asked)."""
+    if family.decoder is not None:
+        return (*family.decoder(g, checkpoint, config, target), target)
+    windowed = info.sliding_window_layers if target.windowed_kv_cache else []
+    io = DecoderIO.from_states(info.layers, target.io_dtype, windowed,
+                               embeds_width=(package.embeds_width or info.hidden_size) if package is not None else None,
+                               position_ids=target.provider.position_ids,
+                               kv_dtype=np.int8 if options.kv_cache != "float" else None,
+                               position_rows=3 if package is not None and package.position_ids else None)
+    # The provider's positions (batch, sequence) feed explicit rotary; Qwen-VL's M-RoPE rows its own tables.
+    g.position_ids = io.position_ids if io.position_ids is not None and len(io.position_ids.shape) == 2 else None
+    if options.kv_cache != "float":
+        target = _with_kv_scales(g, io, info, target, options)
+    logits, presents = family.build(g, io, checkpoint, config, target)
+    return io.inputs, io.outputs(logits, info.vocab_size, presents, target.last_logits_only), target
+
+
+def _finish(model: ir.Model, what: str, target) -> None:
+    """A model checked against the target's operator set and the provider's kernels, then its
+    unused nodes removed and the rest sorted."""
+    if target.standard_ops:
+        check_standard_ops(model, what)
+    check_provider_kernels(model, target.provider, what)
+    RemoveUnusedNodesPass()(model)
+    TopologicalSortPass()(model)
 
 
 def _with_kv_scales(g: Graph, io: DecoderIO, info: DecoderInfo, target, options: BuildOptions):
