@@ -22,7 +22,7 @@ from onnx_ir.tape import Tape
 
 from builder.finite import finite_check
 from builder.lazy import Weight
-from builder.materialize import write_order
+from builder.lazy_results import write_order
 
 OPSET = 21
 # A standard-ops model's: Attention with past/present KV (24), RotaryEmbedding, RMSNormalization (23).

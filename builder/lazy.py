@@ -20,20 +20,17 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import onnx_ir as ir
 
+from builder.lazy_results import StreamedTensor
 from builder.materialize import (
     ROW_BLOCK_HELD,
     STREAM_BYTES,
     ComputedRows,
-    FilledArray,
-    PendingCast,
-    PendingConcat,
-    StreamedTensor,
-    expanded,
     materialized,
     release,
     resolved,
     row_blocks,
 )
+from builder.pending_values import FilledArray, PendingCast, PendingConcat, expanded
 from builder.stored_blocks import Blocks
 
 # A step receives the ExitStack that owns any memory mappings and returns an array (maybe a view).

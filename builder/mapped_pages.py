@@ -31,9 +31,9 @@ def release(view: np.ndarray) -> None:
     A mapped file page counts in the process's resident memory until unmapped or released; a
     2 GB embedding converted row-block by row-block thus never holds all of its source at once.
     """
-    while hasattr(view, "array") and not isinstance(view, np.ndarray):  # a pending cast (materialize.PendingCast)
+    while hasattr(view, "array") and not isinstance(view, np.ndarray):  # a pending cast (pending_values.PendingCast)
         view = view.array
-    for part in getattr(view, "parts", ()):  # a pending concatenation (materialize.PendingConcat)
+    for part in getattr(view, "parts", ()):  # a pending concatenation (pending_values.PendingConcat)
         release(part)
     mapping = getattr(view, "_mapping", None)
     if mapping is None or view.size == 0:

@@ -136,7 +136,7 @@ _NO_FACTORS = np.empty(0, np.float32)
 def _kernel_source(kernel, chunk) -> tuple[np.ndarray, int]:
     """A chunk of rows as the kernel reads it, C-contiguous, and its source kind: bfloat16 and
     float16 as their uint16 bits (the kernel widens them, exactly), float32 as it is, anything
-    else cast by numpy. A pending chunk (materialize.PendingConcat: rows across fused parts) is
+    else cast by numpy. A pending chunk (pending_values.PendingConcat: rows across fused parts) is
     joined in its own dtype first, not widened by numpy."""
     chunk = np.asarray(chunk)
     if chunk.dtype.itemsize == 2:

@@ -1,6 +1,6 @@
 """Writing the weights: each model's initializers streamed into its external data file by onnx_ir's
 bounded parallel writer, every lazy weight computed as it is written, a value that an earlier model
-of the build stored (the same `materialize.content_key`) referenced there instead of computed and
+of the build stored (the same `lazy_results.content_key`) referenced there instead of computed and
 written again; and save(), which writes a crafted decoder as a complete output (published by
 builder/publish.py).
 """
@@ -19,7 +19,7 @@ import numpy as np
 import onnx_ir as ir
 
 from builder.errors import BuildError
-from builder.materialize import content_key
+from builder.lazy_results import content_key
 from builder.output_folder import RECORD_FILE
 from builder.publish import staged_folder
 from builder.target import Target
@@ -134,7 +134,7 @@ def data_tensors(model: ir.Model, earlier: Container = ()) -> list[ir.TensorProt
 
 
 def content_keys(tensors: Iterable[ir.TensorProtocol]) -> set:
-    """The content keys among `tensors` (materialize.content_key)."""
+    """The content keys among `tensors` (lazy_results.content_key)."""
     return {key for t in tensors if (key := content_key(t)) is not None}
 
 

@@ -15,9 +15,11 @@ HEAVY = ("torch", "transformers", "onnxruntime")
 LAYERS = {
     "builder.stored_blocks": set(),
     "builder.mapped_pages": set(),
-    "builder.materialize": {"builder.mapped_pages"},
+    "builder.pending_values": set(),
+    "builder.lazy_results": set(),
+    "builder.materialize": {"builder.mapped_pages", "builder.pending_values"},
     "builder.quantize": {"builder._kernel", "builder.mapped_pages", "builder.stored_blocks"},
-    "builder.lazy": {"builder.stored_blocks", "builder.materialize"},
+    "builder.lazy": {"builder.stored_blocks", "builder.materialize", "builder.pending_values", "builder.lazy_results"},
     "builder.record_file": set(),
     "builder.renames": set(),
     "builder.output_lock": set(),

@@ -15,7 +15,8 @@ from builder.blocks.moe import quantized_experts
 from builder.graph import Graph
 from builder.inputs.safetensors import SafetensorsCheckpoint
 from builder.lazy import Weight
-from builder.materialize import ROW_BLOCK_BYTES, STREAM_BYTES, StreamedTensor
+from builder.lazy_results import StreamedTensor
+from builder.materialize import ROW_BLOCK_BYTES, STREAM_BYTES
 from builder.quantize import quantize
 from builder.target import Quantization
 from builder.writer import save_model
@@ -278,7 +279,7 @@ def test_a_by_product_asked_for_just_before_the_stream_begins_waits_for_it():
     import threading
     import time
 
-    from builder.materialize import StackedResult
+    from builder.lazy_results import StackedResult
 
     parts = {"data": ((4, 2), np.uint8), "scales": ((4, 1), np.float32)}
     result = StackedResult(4, lambda e: {"data": np.full(2, e, np.uint8), "scales": np.full(1, e, np.float32)}, parts)
@@ -301,7 +302,7 @@ def test_by_products_are_written_after_as_many_bytes_of_other_weights_as_their_m
     # later, kept the second writer thread waiting on that computation the whole time (an int4
     # build was 16% slower). Each by-product now follows as many bytes of later main tensors as
     # its own main part has, so both threads compute until it is done.
-    from builder.materialize import SharedResult, write_order
+    from builder.lazy_results import SharedResult, write_order
 
     def value(tensor):
         return ir.Value(name=tensor.name, const_value=tensor)
@@ -343,7 +344,7 @@ def test_a_cast_of_a_concatenation_hands_back_its_parts_pages(tmp_path):
     from safetensors.numpy import save_file
 
     from builder.mapped_pages import release
-    from builder.materialize import PendingCast, PendingConcat
+    from builder.pending_values import PendingCast, PendingConcat
 
     save_file({"a": np.ones((1024, 1024), np.float32), "b": np.ones((1024, 1024), np.float32)},
               tmp_path / "m.safetensors")

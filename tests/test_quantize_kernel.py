@@ -124,7 +124,7 @@ def test_kernel_rounds_scales_as_numpy_casts(dtype):
 def test_kernel_reads_pending_concatenations_in_their_own_dtype(monkeypatch):
     import ml_dtypes
 
-    from builder.materialize import PendingConcat
+    from builder.pending_values import PendingConcat
 
     # A fused projection's parts, chunks of 7 rows straddling the parts' boundaries: the kernel
     # gets the joined bfloat16 rows (not numpy's float32 cast) and gives the numpy path's bytes.

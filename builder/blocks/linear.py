@@ -28,7 +28,7 @@ from builder.errors import BuildError
 from builder.finite import first_non_finite
 from builder.graph import Graph
 from builder.lazy import Weight
-from builder.materialize import SharedResult
+from builder.lazy_results import SharedResult
 from builder.quantize import QuantizedMatrix, packed_shapes, quantize
 from builder.stored_blocks import pack_codes, unpack_codes
 from builder.target import Quantization, Target, source_modules
@@ -124,7 +124,7 @@ def qdq_parts(parts: dict[str, np.ndarray], k: int, bits: int, block_size: int) 
     """MatMulNBits' parts in the QDQ layout (module docstring): the same codes transposed to [K, N]
     (the padding past K dropped), signed when there are no zero points; scales and zero points
     [k_blocks, N]. 4-bit arrays come back packed, two codes a byte, low nibble first (ONNX's int4
-    order), as builder.materialize.SharedResult writes them."""
+    order), as builder.lazy_results.SharedResult writes them."""
     data = parts["data"]
     n = data.shape[0]
     codes = unpack_codes(data.reshape(n, -1), bits)[:, :k]  # (N, padded K) -> (N, K)

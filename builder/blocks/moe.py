@@ -36,7 +36,7 @@ from builder.blocks.linear import linear, module_name, quantized
 from builder.errors import BuildError
 from builder.graph import Graph
 from builder.lazy import Weight
-from builder.materialize import StackedResult
+from builder.lazy_results import StackedResult
 from builder.quantize import packed_shapes
 from builder.target import Quantization, Target, source_modules
 
