@@ -142,7 +142,7 @@ def gated_deltanet(d: Decoder, w: Qwen3_5Weights, i: int, h):
     decay = g.op.Mul(neg_a, in_op_dtype(g, shifted, dtype, g.op.Softplus))
     # ONNX Runtime's LinearAttention on CPU (measured 8× the Scan's speed); the standard-op Scan elsewhere.
     out, present_state = gated_delta_rule(g, q, k, v, decay, beta, d.prepared.keep, d.io.recurrent[i], heads, dtype,
-                                          fused=target.execution_provider == "cpu")
+                                          fused=target.provider.linear_attention)
     with g.scope("norm"):  # Qwen3_5RMSNormGated: weight · RMSNorm(out) · silu(z), per value head
         z = g.op.Reshape(z, g.constant([0, 0, Hv, heads.value_dim], "int64"))
         out = g.op.Mul(rms_norm(g, out, w("norm.weight", heads.value_dim), c.rms_norm_eps, target),

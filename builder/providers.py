@@ -55,6 +55,9 @@ class Provider:
             out, the kernel reads them as already repacked and returns wrong numbers without an
             error (measured on an H200). Hidden and expert intermediate sizes must be multiples of
             this tile. 0: no such kernel (the CPU's QMoE takes the raw layout without the attribute).
+        linear_attention: com.microsoft's LinearAttention (the gated DeltaNet's and Mamba-2's scans,
+            rules gated_delta and gated), a kernel ONNX Runtime has on the CPU only; elsewhere the
+            recurrence runs as a standard-op Scan (builder/blocks/linear_recurrence.py).
         flat_lookup_zero_points: its GatherBlockQuantized reads 4-bit zero points packed over the
             flattened [N·k_blocks] table (CUDA's kernel, ONNX Runtime 1.31: block = flat index /
             block_size), where MatMulNBits' rows, whose zero points a tied lookup shares, start each
@@ -80,6 +83,7 @@ class Provider:
     needs_every_kernel: bool = False
     qmoe_k_tile: int = 0
     flat_lookup_zero_points: bool = False
+    linear_attention: bool = False
 
     def provider_options(self) -> list[dict[str, Any]]:
         """genai_config.json's session_options.provider_options (empty: the CPU)."""
@@ -88,7 +92,7 @@ class Provider:
 
 PROVIDERS: dict[str, Provider] = {p.name: p for p in (
     # fp32 first: MatMulNBits' fastest CPU path; bf16 has no CPU GroupQueryAttention kernel.
-    Provider("cpu", "cpu", io_dtypes=("fp32", "fp16"), accuracy_level=4, windowed_kv_cache=True),
+    Provider("cpu", "cpu", io_dtypes=("fp32", "fp16"), accuracy_level=4, windowed_kv_cache=True, linear_attention=True),
     Provider("cuda", "cuda", {"enable_cuda_graph": "0"}, io_dtypes=("fp16", "bf16"), windowed_kv_cache=True,
              qmoe_k_tile=64, flat_lookup_zero_points=True),
     # DirectML has no GatherBlockQuantized kernel (docs/OperatorKernels.md; onnxruntime-genai's builder

@@ -125,7 +125,7 @@ def mamba2_mixer(
                             _outputs=3)
     xbc, conv_present = causal_conv(g, xbc, conv_past, w.conv, w.conv_bias, pad, target, scope="conv1d")
     xbc = activation(g, xbc, spec.activation)
-    y, ssm_present = _ssm(g, xbc, dt, w, spec, ssm_past, pad, dtype, fused=target.execution_provider == "cpu")
+    y, ssm_present = _ssm(g, xbc, dt, w, spec, ssm_past, pad, dtype, fused=target.provider.linear_attention)
     with g.scope("norm"):
         y = _gated_norm(g, y, z, w.norm, spec, target)
     with g.scope("out_proj"):
