@@ -68,11 +68,23 @@ def test_registry_is_read_from_the_families_declarations():
 
     import architectures
     from builder.errors import BuildError
-    from builder.family import register
+    from builder.family import Family, register
 
+    # Each module that declares a family names it after its file (--list-architectures prints
+    # architectures/<name>.py), and every registered family is some module's declaration.
+    import importlib
+    import pkgutil
+
+    registered = {f.name: f for f in architectures.families()}
+    declared = {}
+    for info in pkgutil.iter_modules(architectures.__path__):
+        family = getattr(importlib.import_module(f"architectures.{info.name}"), "FAMILY", None)
+        if isinstance(family, Family):  # the module's own declaration, registered under its file's name
+            assert registered.get(info.name) is family, f"architectures/{info.name}.py declares {family.name!r}"
+            declared[family.name] = info.name
+    assert sorted(declared) == sorted(registered)
     for name, module in architectures.ARCHITECTURES.items():
-        family = architectures.load(name)
-        assert name in family.variants and family.name == module
+        assert (Path(architectures.__file__).parent / f"{module}.py").is_file(), name
     llama = architectures.load("LlamaForCausalLM")
     with pytest.raises(BuildError, match="declared by both architectures/llama.py and architectures/copy.py"):
         register(dataclasses.replace(llama, name="copy"))
