@@ -22,6 +22,7 @@ from builder.architecture import Weights, attention_weights
 from builder.blocks import AttentionSpec, AttentionWeights, Rope, rotary_tables
 from builder.blocks.rope import default_inv_freq
 from builder.decoder_config import DecoderConfig
+from builder.errors import BuildError
 from builder.family import Decoder, Family, register
 
 VARIANTS: dict[str, dict[str, Any]] = {"HunYuanDenseV1ForCausalLM": {}}
@@ -52,6 +53,10 @@ class HunYuanDenseConfig(DecoderConfig):
         if params["rope_type"] == "dynamic" and params.get("alpha"):
             base = params["rope_theta"] * params["alpha"] ** (D / (D - 2))
             return Rope(default_inv_freq(base, D))
+        if params["rope_type"] != "default" and self.rope_parameters.get("partial_rotary_factor", 1.0) != 1.0:
+            # the shared scaled ropes take the share, the attention rotates the whole head: transformers fails
+            raise BuildError(f"HunYuanDenseV1ForCausalLM with partial_rotary_factor and {params['rope_type']} rope: "
+                             "transformers rotates the whole head for these, and cannot run this combination")
         return Rope.from_parameters(params, D, self.max_position_embeddings)
 
 

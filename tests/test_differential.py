@@ -45,6 +45,11 @@ FOUND = [
     ("deepseek_v3", dict(hidden_size=160, num_attention_heads=4, num_key_value_heads=1), []),  # transformers fails
     ("qwen3_5_moe", dict(head_dim=16, hidden_size=16, num_attention_heads=1, num_key_value_heads=1), []),  # was refused
     ("stablelm2-12b", dict(head_dim=80, hidden_size=96, num_attention_heads=4, num_key_value_heads=4), []),
+    # The second 3,000-case run's (seed 2):
+    ("hunyuan-default", dict(head_dim=16, hidden_size=96, num_attention_heads=3, num_key_value_heads=3,
+                             partial_rotary_factor=0.75, rope_parameters=dict(
+                                 rope_type="linear", factor=2.0, rope_theta=1e4, partial_rotary_factor=0.75)),
+     ["hub_type"]),  # transformers fails; was built
 ]
 
 
