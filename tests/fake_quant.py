@@ -16,7 +16,7 @@ from onnxruntime.capi._pybind_state import quantize_matmul_4bits, quantize_matmu
 from builder.options import PRECISION_DEFAULTS
 from builder.quantize import dequantize, quantize
 from builder.target import Quantization
-from builder.verify import _graph_linears
+from builder.verify_rounding import graph_linears
 
 
 def fake_quantize(weight: torch.Tensor, bits: int, block_size: int, symmetric: bool) -> torch.Tensor:
@@ -51,7 +51,7 @@ def fake_quantize_model(model: torch.nn.Module, bits: int = 4, block_size: int =
             if not isinstance(module, torch.nn.Linear) or (not lm_head and name == "lm_head"):
                 continue
             w = module.weight
-            for graph_module, sources, rows in _graph_linears(name, w.shape[0]):
+            for graph_module, sources, rows in graph_linears(name, w.shape[0]):
                 b = q.bits_for(graph_module, sources)
                 if method == "rtn":
                     w[rows] = fake_quantize(w[rows], b, block_size, symmetric)
