@@ -194,7 +194,7 @@ def stream(d: Decoder, x: ir.Value) -> ResidualStream:
 def final_norm(d: Decoder) -> ir.Value:
     """model.norm (wherever the checkpoint keeps the decoder), its (1 + weight) scale folded."""
     with d.g.scope("model", "norm"):
-        return d.stream.norm(GemmaWeights(d.ckpt, decoder_prefix(d.ckpt)).norm("norm.weight", d.c.hidden_size))
+        return d.stream.norm(GemmaWeights(d.ckpt, d.prefix).norm("norm.weight", d.c.hidden_size))
 
 
 FAMILY = register(Family(

@@ -355,7 +355,7 @@ def embed(d: Decoder) -> ir.Value:
     if not c.hidden_size_per_layer_input:
         return x
     L, P, H = c.num_hidden_layers, c.hidden_size_per_layer_input, c.hidden_size
-    w = Weights(d.ckpt, decoder_prefix(d.ckpt))
+    w = Weights(d.ckpt, d.prefix)
     with g.scope("model", "embed_tokens_per_layer"):
         table = w("embed_tokens_per_layer.weight", c.vocab_size_per_layer_input, L * P)
         # The per-layer table is the E models' largest tensor (2.3 B of E2B's 5 B weights), only ever
@@ -380,7 +380,7 @@ def embed(d: Decoder) -> ir.Value:
 def final_norm(d: Decoder) -> ir.Value:
     """model.norm (wherever the checkpoint keeps the decoder), its weight as stored."""
     with d.g.scope("model", "norm"):
-        return d.stream.norm(Weights(d.ckpt, decoder_prefix(d.ckpt))("norm.weight", d.c.hidden_size))
+        return d.stream.norm(Weights(d.ckpt, d.prefix)("norm.weight", d.c.hidden_size))
 
 
 FAMILY = register(Family(

@@ -112,15 +112,9 @@ def decoder_prefix(ckpt: Checkpoint) -> str:
 
 
 def llama4_vocabulary(d: Decoder):
-    prefix = decoder_prefix(d.ckpt)
-    head = PREFIXES[prefix]
+    """The embedding under the decoder's prefix, and the lm_head of that layout."""
     return vocabulary(d.g, d.ckpt, d.target, (d.c.vocab_size, d.c.hidden_size), d.c.tie_word_embeddings,
-                      embed=prefix + "embed_tokens.weight", head=head)
-
-
-def final_norm(d: Decoder):
-    with d.g.scope("model", "norm"):
-        return d.stream.norm(d.ckpt.weight(decoder_prefix(d.ckpt) + "norm.weight", (d.c.hidden_size,)))
+                      embed=d.prefix + "embed_tokens.weight", head=PREFIXES[d.prefix])
 
 
 def explicit_rotary(d: Decoder):
@@ -209,7 +203,7 @@ def decoder_layer(d: Decoder, w: Weights, i: int):
 
 FAMILY = register(Family(
     "llama4", Llama4TextConfig, decoder_layer, VARIANTS, structure=STRUCTURE, parser=parse_config,
-    rotary=explicit_rotary, prepare=prepare, vocabulary=llama4_vocabulary, final_norm=final_norm,
+    rotary=explicit_rotary, prepare=prepare, vocabulary=llama4_vocabulary,
     prefix=lambda d: decoder_prefix(d.ckpt),
     # The hub's multimodal checkpoints: the vision tower and projector are not part of the text build.
     ignored=("vision_model.*", "multi_modal_projector.*", "model.vision_model.*", "model.multi_modal_projector.*"),

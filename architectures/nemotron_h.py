@@ -232,13 +232,13 @@ def decoder_prefix(ckpt: Checkpoint) -> str:
 
 
 def nemotron_h_vocabulary(d: Decoder):
-    embed = decoder_prefix(d.ckpt) + "embeddings.weight"
+    embed = d.prefix + "embeddings.weight"
     return vocabulary(d.g, d.ckpt, d.target, (d.c.vocab_size, d.c.hidden_size), d.c.tie_word_embeddings, embed=embed)
 
 
 def final_norm(d: Decoder):
     with d.g.scope("model", "norm_f"):
-        return d.stream.norm(d.ckpt.weight(decoder_prefix(d.ckpt) + "norm_f.weight", (d.c.hidden_size,)))
+        return d.stream.norm(d.ckpt.weight(d.prefix + "norm_f.weight", (d.c.hidden_size,)))
 
 
 

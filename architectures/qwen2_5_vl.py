@@ -22,7 +22,7 @@ from typing import Any
 import onnx_ir as ir
 
 from architectures.llama import LlamaConfig, decoder_layer, parse_config as llama_parse
-from builder.architecture import prefix_holding, vocabulary
+from builder.architecture import prefix_holding
 from builder.blocks.rope import Rope, multimodal_rotary
 from builder.config_checks import config_value
 from builder.errors import BuildError
@@ -31,7 +31,7 @@ from builder.hf_config import text_config
 from builder.inputs.source import Checkpoint
 
 __all__ = ["FAMILY", "MROPE_DEFAULT", "TEXT_PREFIXES", "VARIANTS", "decoder_prefix", "decoder_prefix_of", "embed",
-           "final_norm", "mrope", "parse_config", "text_vocabulary", "vl_parser"]
+           "mrope", "parse_config", "vl_parser"]
 
 # Qwen2_5_VLTextConfig's defaults where they differ from Llama's.
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -101,24 +101,14 @@ def mrope(d: Decoder) -> Any:
                              c.rope_parameters["mrope_section"], d.target, c.rope_parameters["mrope_interleaved"])
 
 
-def text_vocabulary(d: Decoder):
-    return vocabulary(d.g, d.ckpt, d.target, (d.c.vocab_size, d.c.hidden_size), d.c.tie_word_embeddings,
-                      embed=decoder_prefix(d) + "embed_tokens.weight")
-
-
 def embed(d: Decoder) -> ir.Value:
     """inputs_embeds from the package's embedding model, else the token embeddings."""
     return d.io.inputs_embeds if d.io.inputs_embeds is not None else d.vocab.embed(d.g, d.io.input_ids)
 
 
-def final_norm(d: Decoder) -> ir.Value:
-    with d.g.scope("model", "norm"):
-        return d.stream.norm(d.ckpt.weight(decoder_prefix(d) + "norm.weight", (d.c.hidden_size,)))
-
-
 FAMILY = register(Family(
     "qwen2_5_vl", LlamaConfig, decoder_layer, VARIANTS, structure=STRUCTURE, parser=parse_config, rotary=mrope,
-    vocabulary=text_vocabulary, embed=embed, prefix=decoder_prefix, final_norm=final_norm,
+    embed=embed, prefix=decoder_prefix,
     package={"Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl_multimodal"},
     # The vision tower; the decoder's build reads none of it.
     ignored=("visual.*", "model.visual.*"),

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from builder.architecture import Weights, prefix_holding, vocabulary
+from builder.architecture import Weights, prefix_holding
 from builder.blocks import AttentionSpec, AttentionWeights, gated_mlp
 from builder.blocks.float_ops import in_op_dtype
 from builder.blocks.gated_attention import gated_self_attention, split_query_gate
@@ -204,22 +204,16 @@ def decoder_prefix(ckpt: Checkpoint) -> str:
     return prefix_holding(ckpt, "embed_tokens.weight", ("model.", "model.language_model."))
 
 
-def qwen3_5_vocabulary(d: Decoder):
-    """The embedding under the decoder's prefix and lm_head, tied as transformers ties them."""
-    embed = decoder_prefix(d.ckpt) + "embed_tokens.weight"
-    return vocabulary(d.g, d.ckpt, d.target, (d.c.vocab_size, d.c.hidden_size), d.c.tie_word_embeddings, embed=embed)
-
-
 def final_norm(d: Decoder):
     """model.norm, its (1 + weight) scale folded."""
     with d.g.scope("model", "norm"):
-        return d.stream.norm(Qwen3_5Weights(d.ckpt, decoder_prefix(d.ckpt)).norm("norm.weight", d.c.hidden_size))
+        return d.stream.norm(Qwen3_5Weights(d.ckpt, d.prefix).norm("norm.weight", d.c.hidden_size))
 
 
 
 FAMILY = register(Family(
     "qwen3_5", Qwen3_5Config, decoder_layer, VARIANTS, parser=parse_config, prepare=conv_padding, partial_rotary=True,
-    vocabulary=qwen3_5_vocabulary, final_norm=final_norm, weights=Qwen3_5Weights,
+    final_norm=final_norm, weights=Qwen3_5Weights,
     prefix=lambda d: decoder_prefix(d.ckpt),
     # transformers skips these too: the multi-token-prediction head and (text build) the vision tower.
     ignored=("mtp.*", "model.visual.*"),

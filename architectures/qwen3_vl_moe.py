@@ -67,8 +67,8 @@ def layer(d: Decoder, w: Weights, i: int):
 FAMILY = register(Family(
     "qwen3_vl_moe", MoeConfig, layer, VARIANTS, structure=STRUCTURE,
     parser=qwen2_5_vl.vl_parser([24, 20, 20], interleaved=True, text_ties=False),
-    rotary=qwen2_5_vl.mrope, vocabulary=qwen2_5_vl.text_vocabulary, embed=qwen3_vl.embed,
-    prefix=qwen2_5_vl.decoder_prefix, final_norm=qwen2_5_vl.final_norm,
+    rotary=qwen2_5_vl.mrope, embed=qwen3_vl.embed,
+    prefix=qwen2_5_vl.decoder_prefix,
     package={"Qwen3VLMoeForConditionalGeneration": "qwen3_vl_multimodal"},
     ignored=("visual.*", "model.visual.*"),
 ))

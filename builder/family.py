@@ -56,6 +56,7 @@ class Decoder:
     ckpt: Checkpoint
     c: Any  # the family's config
     target: Target
+    prefix: str = "model."  # where the checkpoint keeps the decoder's tensors (Family.prefix, resolved)
     rotary: Any = None  # the rotary tables (per layer type for families that rotate them apart)
     prepared: Any = None  # what the family's `prepare` hook returned
     vocab: Vocabulary | None = None
@@ -86,8 +87,10 @@ def rotary_by_layer_type(d: Decoder) -> dict[str, Any]:
 
 
 def tied_vocabulary(d: Decoder) -> Vocabulary:
-    """model.embed_tokens and lm_head, tied as transformers 5 ties them (builder.architecture.vocabulary)."""
-    return vocabulary(d.g, d.ckpt, d.target, (d.c.vocab_size, d.c.hidden_size), d.c.tie_word_embeddings)
+    """The decoder's embed_tokens (under its prefix) and lm_head, tied as transformers 5 ties them
+    (builder.architecture.vocabulary)."""
+    return vocabulary(d.g, d.ckpt, d.target, (d.c.vocab_size, d.c.hidden_size), d.c.tie_word_embeddings,
+                      embed=d.prefix + "embed_tokens.weight")
 
 
 def embed(d: Decoder) -> ir.Value:
@@ -106,9 +109,9 @@ def rms_stream(d: Decoder, x: ir.Value) -> ResidualStream:
 
 
 def final_norm(d: Decoder) -> ir.Value:
-    """model.norm over the residual stream."""
+    """The decoder's norm (under its prefix) over the residual stream."""
     with d.g.scope("model", "norm"):
-        return d.stream.norm(d.ckpt.weight("model.norm.weight", (d.c.hidden_size,)))
+        return d.stream.norm(d.ckpt.weight(d.prefix + "norm.weight", (d.c.hidden_size,)))
 
 
 def logits(d: Decoder, h: ir.Value) -> ir.Value:
@@ -222,13 +225,14 @@ class Family:
               target: Target) -> tuple[ir.Value, list[tuple[ir.Value, ir.Value]]]:
         """The decoder graph: returns (logits, the present key and value of every layer)."""
         d = Decoder(g, io, ckpt, c, target)
+        d.prefix = self.prefix(d) if callable(self.prefix) else self.prefix
         d.rotary = self.rotary(d)
         d.lengths  # noqa: B018 - recorded here unless the rotary tables already needed them
         d.prepared = self.prepare(d) if self.prepare is not None else None
         d.vocab = self.vocabulary(d)
         d.stream = self.stream(d, self.embed(d))
-        prefix = self.prefix(d) if callable(self.prefix) else self.prefix
-        presents = decoder_layers(g, ckpt, c.num_hidden_layers, lambda i, w: self.layer(d, w, i), prefix, self.weights)
+        presents = decoder_layers(g, ckpt, c.num_hidden_layers, lambda i, w: self.layer(d, w, i), d.prefix,
+                                  self.weights)
         h = self.final_norm(d)
         if target.last_logits_only:  # (B, S, H) -> (B, 1, H): lm_head for the row genai samples from
             h = last_positions(g, h, d.lengths.seqlens_k)
