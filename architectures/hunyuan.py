@@ -85,7 +85,7 @@ def decoder_layer(d: Decoder, w: Weights, i: int):
 
 FAMILY = register(Family(
     "hunyuan", HunYuanDenseConfig, decoder_layer, VARIANTS, structure=STRUCTURE, rotary=rotary,
-    partial_rotary=True,  # HunYuanDenseConfig handles it (see rope())
+    partial_rotary=True,  # HunYuanDenseConfig.rope reads it (its NTK-alpha rope ignores it)
     ignored=("model.layers.*.self_attn.rotary_emb.inv_freq",),
 ))
 

@@ -99,6 +99,7 @@ def decoder_layer(d: Decoder, w: Weights, i: int):
 FAMILY = register(Family(
     "hunyuan_moe", HunYuanMoeConfig, decoder_layer, VARIANTS, structure=STRUCTURE, rotary=rotary,
     ignored=("model.layers.*.self_attn.rotary_emb.inv_freq",),
+    partial_rotary=True,  # HunYuanDenseConfig.rope reads it (its NTK-alpha rope ignores it)
 ))
 
 __all__ = ["FAMILY", "STRUCTURE", "VARIANTS", "HunYuanMoeConfig", "decoder_layer", "moe_block"]

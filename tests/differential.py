@@ -340,6 +340,23 @@ def bases() -> list[Base]:
         _from_maker("nemotron_h", "test_family_nemotron_h", "NemotronHConfig"),
         _from_maker("gemma4", "test_family_gemma4", "Gemma4TextConfig"),
     ]
+    # Families whose test module's make(folder, config=CONFIG) writes the checkpoint (routers scaled,
+    # biases spread) from a whole config.
+    for name, module, config_class in (("lfm2_moe", "test_family_lfm2_moe", "Lfm2MoeConfig"),
+                                       ("glm4_moe", "test_family_glm4_moe", "Glm4MoeConfig"),
+                                       ("hunyuan_moe", "test_family_hunyuan_moe", "HunYuanMoEV1Config"),
+                                       ("dots1", "test_family_dots1", "Dots1Config")):
+        m = __import__(module)
+        out.append(Base(name, config_class, dict(m.CONFIG), lambda folder, config, m=m: m.make(folder, config),
+                        layer_lists=True))
+    out.append(Base("gpt_oss", "GptOssConfig", dict(__import__("test_family_gptoss").CONFIG), layer_lists=True))
+    out.append(Base("ernie4_5_moe", "Ernie4_5_MoeConfig", dict(__import__("test_family_erniemoe").CONFIG)))
+    apertus = __import__("test_family_apertus")
+    out += [Base(f"apertus-{n}", "ApertusConfig", {**TINY, "eos_token_id": 255, **v},
+                 lambda folder, config: apertus.apertus_checkpoint(folder, **config), layer_lists=True)
+                for n, v in apertus.VARIANTS.items()]
+    out += [Base(f"arcee-{n}", "ArceeConfig", {**TINY, "eos_token_id": 255, **v})
+            for n, v in __import__("test_family_arcee").VARIANTS.items()]
     import test_family_qwen3_5 as q35
     import test_family_qwen3_5_moe as q35m
 
