@@ -35,15 +35,21 @@ from builder.architecture import Weights, decoder_layers, vocabulary
 from builder.blocks.attention import SequenceLengths, sequence_lengths
 from builder.blocks.lm_head import last_positions
 from builder.blocks.residual import ResidualStream
-from builder.blocks.rope import Rope, rotary_tables, rotary_tables_by_layer_type
+from builder.blocks.rope import ExplicitRotary, Rope, rotary_tables, rotary_tables_by_layer_type
 from builder.blocks.short_conv import Padding, padding
 from builder.blocks.vocabulary import Vocabulary
+from builder.decoder_config import DecoderConfig
 from builder.errors import BuildError
 from builder.graph import Graph
 from builder.hf_config import from_dict, rope_parameters
 from builder.inputs.source import Checkpoint
 from builder.io import DecoderIO
 from builder.target import Target
+
+
+# What a `rotary` hook returns: GroupQueryAttention's (cos, sin), tables applied before it
+# (ExplicitRotary), one of those per layer type, or none (a decoder without a rotary).
+RotaryTables = tuple[ir.Value, ir.Value] | ExplicitRotary | dict[str, "RotaryTables"] | None
 
 
 @dataclass(eq=False)
@@ -54,11 +60,11 @@ class Decoder:
     g: Graph
     io: DecoderIO
     ckpt: Checkpoint
-    c: Any  # the family's config
+    c: DecoderConfig  # the family's config (a subclass: its own keys beside the shared ones)
     target: Target
     prefix: str = "model."  # where the checkpoint keeps the decoder's tensors (Family.prefix, resolved)
-    rotary: Any = None  # the rotary tables (per layer type for families that rotate them apart)
-    prepared: Any = None  # what the family's `prepare` hook returned
+    rotary: RotaryTables = None  # per layer type for families that rotate them apart
+    prepared: object = None  # what the family's `prepare` hook returned (the family reads its own kind)
     vocab: Vocabulary | None = None
     stream: ResidualStream | None = None
 
@@ -70,7 +76,7 @@ class Decoder:
         return self.io.past[layer]
 
 
-def rotary(d: Decoder) -> Any:
+def rotary(d: Decoder) -> RotaryTables:
     """The rotary tables of `c.rope_parameters` over the whole head (`Rope.from_parameters`)."""
     c = d.c
     rope = Rope.from_parameters(c.rope_parameters, c.head_dim, c.max_position_embeddings)
@@ -198,7 +204,7 @@ class Family:
     package: dict[str, str] = field(default_factory=dict)
     partial_rotary: bool = False
     parser: Callable[[Family, dict[str, Any], str], Any] = parse
-    rotary: Callable[[Decoder], Any] = rotary
+    rotary: Callable[[Decoder], RotaryTables] = rotary
     prepare: Callable[[Decoder], Any] | None = None
     vocabulary: Callable[[Decoder], Vocabulary] = tied_vocabulary
     embed: Callable[[Decoder], ir.Value] = embed
