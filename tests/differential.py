@@ -190,8 +190,11 @@ def edit_config(folder: Path, edits: list[str]) -> None:
             for key in ("pad_token_id", "bos_token_id", "sliding_window"):
                 if key in config and key != "sliding_window" or config.get("sliding_window") is None:
                     config[key] = None
-        elif edit == "infinite_limit" and "time_step_limit" in config:
-            config["time_step_limit"] = [0.0, math.inf]
+        elif edit == "infinite_limit" and isinstance(config.get("time_step_limit"), list):
+            # The lower end kept: Nemotron-H's is its time_step_min, which transformers 5.23 clamped
+            # at (5.25 reads time_step_limit), so the two releases agree on the case.
+            low = config["time_step_limit"][0]
+            config["time_step_limit"] = [low if isinstance(low, (int, float)) else 0.0, math.inf]
     path.write_text(json.dumps(config, indent=2))  # Python writes JSON's Infinity, as the hub's files
 
 
