@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from types import ModuleType
 
 from builder.errors import BuildError
 from builder.family import FAMILIES, Family
+from builder.package import PACKAGES as _REGISTERED_PACKAGES
+from builder.package import PackageBuilder
 
 __all__ = ["ALIASES", "ARCHITECTURES", "PACKAGES", "BuildError", "canonical", "families", "load", "load_package"]
 
@@ -27,9 +28,9 @@ _import_all()
 _BY_ARCHITECTURE: dict[str, Family] = {a: f for f in FAMILIES.values() for a in f.architectures}
 # ... and the module (architectures/<name>.py) that declares it: what --list-architectures prints.
 ARCHITECTURES: dict[str, str] = {a: f.name for a, f in _BY_ARCHITECTURE.items()}
-# Architectures whose checkpoints hold more than a decoder -> the module that builds the rest (its
-# package(raw, folder, checkpoint, config, target) returns the other models).
-PACKAGES: dict[str, str] = {a: m for f in FAMILIES.values() for a, m in f.package.items()}
+# Architectures whose checkpoints hold more than a decoder -> what builds the rest, registered by
+# the module that defines it (builder.package.register_package).
+PACKAGES: dict[str, PackageBuilder] = dict(_REGISTERED_PACKAGES)
 
 # Hub spellings of a class that transformers knows by another name (the checkpoint's model_type
 # selects transformers' own class): microsoft/Phi-3.5-MoE-instruct's config.json says PhiMoE.
@@ -47,8 +48,9 @@ def families() -> list[Family]:
     return [FAMILIES[name] for name in sorted(FAMILIES)]
 
 
-def load_package(architecture: str) -> ModuleType | None:
-    return importlib.import_module(f"architectures.{PACKAGES[architecture]}") if architecture in PACKAGES else None
+def load_package(architecture: str) -> PackageBuilder | None:
+    """The builder of `architecture`'s other models (its towers, an encoder), or None for a decoder alone."""
+    return PACKAGES.get(architecture)
 
 
 def load(architecture: str) -> Family:

@@ -202,7 +202,6 @@ FAMILY = register(Family(
     vocabulary=lambda d: text_vocabulary(d.g, d.ckpt, d.c, d.target), embed=embed, stream=stream,
     weights=GemmaWeights, prefix=lambda d: decoder_prefix(d.ckpt), final_norm=final_norm,
     logits=lambda d, h: d.vocab.logits(d.g, h, softcap=d.c.final_logit_softcapping),
-    package={"Gemma3ForConditionalGeneration": "gemma3_multimodal"},
     # The multimodal checkpoints carry a vision tower and projector; the decoder's build reads none.
     ignored=("vision_tower.*", "multi_modal_projector.*", "model.vision_tower.*", "model.multi_modal_projector.*"),
 ))

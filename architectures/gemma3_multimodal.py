@@ -40,7 +40,7 @@ from builder.graph import Graph
 from builder.image_processor import extensions_processor
 from builder.inputs.source import Checkpoint
 from builder.io import BATCH, SEQUENCE, tensor_type
-from builder.package import Package, preprocessor_config, vision_target
+from builder.package import Package, preprocessor_config, register_package, vision_target
 from builder.target import Target
 
 log = logging.getLogger("builder")
@@ -62,6 +62,7 @@ def has_vision(ckpt: Checkpoint) -> bool:
     return any(p + "embeddings.patch_embedding.weight" in ckpt for p in gemma3_vision.TOWER_PREFIXES)
 
 
+@register_package("Gemma3ForConditionalGeneration")
 def package(raw: dict[str, Any], folder: Path, ckpt: Checkpoint, text: GemmaConfig, target: Target) -> Package | None:
     """The vision and embedding models for a Gemma3ForConditionalGeneration checkpoint, or None
     (and a note) when it carries no vision tower."""

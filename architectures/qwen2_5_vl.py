@@ -109,7 +109,6 @@ def embed(d: Decoder) -> ir.Value:
 FAMILY = register(Family(
     "qwen2_5_vl", LlamaConfig, decoder_layer, VARIANTS, structure=STRUCTURE, parser=parse_config, rotary=mrope,
     embed=embed, prefix=decoder_prefix,
-    package={"Qwen2_5_VLForConditionalGeneration": "qwen2_5_vl_multimodal"},
     # The vision tower; the decoder's build reads none of it.
     ignored=("visual.*", "model.visual.*"),
 ))

@@ -40,7 +40,7 @@ from builder.graph import Graph
 from builder.image_processor import patched_processor
 from builder.inputs.source import Checkpoint
 from builder.io import BATCH, SEQUENCE, tensor_type
-from builder.package import Package, preprocessor_config, vision_target
+from builder.package import Package, preprocessor_config, register_package, vision_target
 from builder.target import Target
 
 __all__ = ["PROCESSOR_DEFAULTS", "TOKENS", "embedding_model", "has_vision", "package", "vl_package"]
@@ -56,6 +56,7 @@ PROCESSOR_DEFAULTS = {"resample": 3, "rescale_factor": 1 / 255, "min_pixels": 56
                       "image_std": [0.26862954, 0.26130258, 0.27577711]}
 
 
+@register_package("Qwen2_5_VLForConditionalGeneration")
 def package(raw: dict[str, Any], folder: Path, ckpt: Checkpoint, text: DecoderConfig, target: Target) -> Package | None:
     """The vision and embedding models of a Qwen2_5_VLForConditionalGeneration checkpoint, or None
     (and a note) when it carries no vision tower."""

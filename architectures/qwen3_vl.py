@@ -73,6 +73,5 @@ FAMILY = register(Family(
     parser=qwen2_5_vl.vl_parser([24, 20, 20], interleaved=True, text_ties=False),
     rotary=qwen2_5_vl.mrope, embed=embed,
     prefix=qwen2_5_vl.decoder_prefix,
-    package={"Qwen3VLForConditionalGeneration": "qwen3_vl_multimodal"},
     ignored=("visual.*", "model.visual.*"),
 ))

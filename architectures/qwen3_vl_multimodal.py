@@ -12,12 +12,13 @@ from architectures import qwen3_vl_vision
 from architectures.qwen2_5_vl_multimodal import has_vision, vl_package
 from builder.decoder_config import DecoderConfig
 from builder.inputs.source import Checkpoint
-from builder.package import Package
+from builder.package import Package, register_package
 from builder.target import Target
 
 __all__ = ["package"]
 
 
+@register_package("Qwen3VLForConditionalGeneration", "Qwen3VLMoeForConditionalGeneration")
 def package(raw: dict[str, Any], folder: Path, ckpt: Checkpoint, text: DecoderConfig, target: Target) -> Package | None:
     """The vision and embedding models of a Qwen3VLForConditionalGeneration checkpoint, or None
     (and a note) when it carries no vision tower."""

@@ -48,7 +48,7 @@ from builder.graph import Graph
 from builder.hf_config import from_dict
 from builder.inputs.source import Checkpoint
 from builder.io import BATCH, PAST, SEQUENCE, TOTAL, graph_value, logits_dtype, tensor_type
-from builder.package import preprocessor_config
+from builder.package import preprocessor_config, register_package
 from builder.target import Target
 
 ENCODER_FILE = "encoder"
@@ -196,6 +196,7 @@ class Package:
         return {**config, "model": model, "search": {**config["search"], "past_present_share_buffer": False}}
 
 
+@register_package("WhisperForConditionalGeneration")
 def package(raw: dict[str, Any], folder: Path, ckpt: Checkpoint, c: WhisperConfig, target: Target) -> Package:
     """The encoder and the audio processor file of a WhisperForConditionalGeneration checkpoint."""
     pre = preprocessor_config(folder)
@@ -211,5 +212,5 @@ def _no_shared_body(*_: Any) -> None:
 
 FAMILY = register(Family(
     "whisper", WhisperConfig, _no_shared_body, {"WhisperForConditionalGeneration": {}},
-    package={"WhisperForConditionalGeneration": "whisper"}, parser=parse_config, decoder=decoder_model,
+    parser=parse_config, decoder=decoder_model,
 ))

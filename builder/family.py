@@ -182,8 +182,8 @@ class Family:
 
     `structure`: per architecture, facts its modeling file fixes whatever config.json says.
     `ignored`: fnmatch patterns of checkpoint tensors deliberately unused. `quant_methods`: the
-    pre-quantized `quant_method`s it reads itself (gpt-oss's mxfp4). `package`: the module in
-    architectures/ that builds the other models of a multimodal checkpoint, per architecture.
+    pre-quantized `quant_method`s it reads itself (gpt-oss's mxfp4). (A checkpoint's other models
+    are built by a package builder registered beside its own definition: builder.package.)
     `partial_rotary`: its modeling files rotate config.json's partial_rotary_factor of the head
     (Phi, StableLM, GLM, Qwen3.5); the others rotate the whole head whatever it says (their own
     compute_default_rope_parameters ignores it: whole_head_rotary), so `parse` drops it, or refuses
@@ -201,7 +201,6 @@ class Family:
     structure: dict[str, dict[str, Any]] = field(default_factory=dict)
     ignored: tuple[str, ...] = ()
     quant_methods: tuple[str, ...] = ()
-    package: dict[str, str] = field(default_factory=dict)
     partial_rotary: bool = False
     parser: Callable[[Family, dict[str, Any], str], Any] = parse
     rotary: Callable[[Decoder], RotaryTables] = rotary

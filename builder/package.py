@@ -1,12 +1,13 @@
 """A multimodal build's models beside the decoder, and what genai_config.json says of them.
 
-An architecture's package module (Family.package) returns one from
-`package(raw, folder, checkpoint, config, target)`; builder/pipeline.py plans, writes and
-describes its models next to model.onnx.
+An architecture's package builder, registered beside its definition (`@register_package(...)`),
+returns one from `package(raw, folder, checkpoint, config, target)`; builder/pipeline.py plans,
+writes and describes its models next to model.onnx.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -15,12 +16,32 @@ import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
+from builder.errors import BuildError
 from builder.genai_config import with_vision
 from builder.hf_config import read_json
 from builder.image_processor import PROCESSOR_FILE
 from builder.target import Target
 
-__all__ = ["ModelPackage", "Package", "preprocessor_config", "vision_target"]
+__all__ = ["PACKAGES", "ModelPackage", "Package", "preprocessor_config", "register_package", "vision_target"]
+
+# What builds an architecture's other models: package(raw config.json, folder, checkpoint, the
+# decoder's config, target) -> a ModelPackage, or None where the checkpoint holds the decoder alone.
+PackageBuilder = Callable[..., "ModelPackage | None"]
+# architecture -> its package builder, registered where the builder is defined (as families are).
+PACKAGES: dict[str, PackageBuilder] = {}
+
+
+def register_package(*architectures: str) -> Callable[[PackageBuilder], PackageBuilder]:
+    """Registers the decorated function as the package builder of `architectures` (a multimodal
+    checkpoint's towers and embedding model, an encoder-decoder's encoder); one per architecture."""
+    def register(build: PackageBuilder) -> PackageBuilder:
+        for architecture in architectures:
+            if PACKAGES.get(architecture, build) is not build:
+                raise BuildError(f"{architecture}'s package is declared twice")
+            PACKAGES[architecture] = build
+        return build
+
+    return register
 
 
 def preprocessor_config(folder: Path) -> dict[str, Any]:

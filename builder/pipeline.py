@@ -118,7 +118,7 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
         info = dataclasses.replace(info, context_length=target.context_length)
     warn_if_bf16_rounds_stored_scales(inp.stores_blocks, target)
     packager = architectures.load_package(name) if inp.can_package and not options.text_only else None
-    package = packager.package(raw, folder, checkpoint, config, target) if packager is not None else None
+    package = packager(raw, folder, checkpoint, config, target) if packager is not None else None
     check_windowed_cache(info, options.windowed_kv_cache, options.search)
     _check_package_options(name, family, package, options, target)
 
