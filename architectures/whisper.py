@@ -42,7 +42,6 @@ from architectures.whisper_encoder import LAYER_NORM_EPS, feed_forward, projecti
 from builder.architecture import Weights, vocabulary
 from builder.audio_processor import AUDIO_PROCESSOR_FILE, whisper_processor
 from builder.blocks import ResidualStream
-from builder.errors import BuildError
 from builder.family import Family, register
 from builder.graph import Graph
 from builder.hf_config import from_dict
@@ -205,12 +204,7 @@ def package(raw: dict[str, Any], folder: Path, ckpt: Checkpoint, c: WhisperConfi
                    sources={ENCODER_FILE: g.sources}, processor=whisper_processor(pre, c.num_mel_bins), config=c)
 
 
-def _no_shared_body(*_: Any) -> None:
-    """Family's layer hook, for the shared decoder body, which Whisper's decoder (Family.decoder) replaces."""
-    raise BuildError("Whisper's decoder is built by architectures/whisper.py's decoder_model, not the shared body")
-
-
-FAMILY = register(Family(
-    "whisper", WhisperConfig, _no_shared_body, {"WhisperForConditionalGeneration": {}},
+FAMILY = register(Family(  # no layer for the shared body: decoder_model records the whole decoder
+    "whisper", WhisperConfig, None, {"WhisperForConditionalGeneration": {}},
     parser=parse_config, decoder=decoder_model,
 ))

@@ -192,11 +192,12 @@ class Family:
     the Decoder where the prefix depends on the checkpoint. `decoder`: for a decoder whose inputs and
     outputs are not the shared contract (Whisper's int32 ids, self and cross caches, no attention
     mask): decoder(g, ckpt, config, target) records the whole decoder and returns (graph inputs,
-    graph outputs), in place of the shared body and builder.io.DecoderIO."""
+    graph outputs), in place of the shared body and builder.io.DecoderIO; such a family declares no
+    `layer` (None)."""
 
     name: str
     config: type
-    layer: Callable[[Decoder, Weights, int], tuple[ir.Value, ir.Value]]
+    layer: Callable[[Decoder, Weights, int], tuple[ir.Value, ir.Value]] | None
     variants: dict[str, dict[str, Any]]
     structure: dict[str, dict[str, Any]] = field(default_factory=dict)
     ignored: tuple[str, ...] = ()
@@ -229,6 +230,8 @@ class Family:
     def build(self, g: Graph, io: DecoderIO, ckpt: Checkpoint, c: Any,
               target: Target) -> tuple[ir.Value, list[tuple[ir.Value, ir.Value]]]:
         """The decoder graph: returns (logits, the present key and value of every layer)."""
+        if self.layer is None:
+            raise ValueError(f"the {self.name} family records its decoder with its own `decoder` hook")
         d = Decoder(g, io, ckpt, c, target)
         d.prefix = self.prefix(d) if callable(self.prefix) else self.prefix
         d.rotary = self.rotary(d)
