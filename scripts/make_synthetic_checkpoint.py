@@ -972,35 +972,43 @@ def moe_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     if not c.get("tie_word_embeddings"):
         yield "lm_head.weight", (V, H)
 
-def granitemoe_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
-    """Granite MoE: Llama's names but the MLP a router and stacked experts, input_linear [E, 2I, H]
-    (gate rows, then up rows) and output_linear [E, H, I], under block_sparse_moe."""
-    H, I, E = c["hidden_size"], c["intermediate_size"], c["num_local_experts"]
+
+def llama_with_experts(c: dict, experts) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Llama's tensors with each layer's MLP replaced by `experts(layer prefix)`'s tensors, right
+    after its post_attention_layernorm (Granite MoE's and Mixtral's layout)."""
     for name, shape in llama_tensors(c):
         if ".mlp." in name:
             continue
         yield name, shape
         if name.endswith("post_attention_layernorm.weight"):
-            p = name.removesuffix("post_attention_layernorm.weight") + "block_sparse_moe."
-            yield p + "router.layer.weight", (E, H)
-            yield p + "input_linear.weight", (E, 2 * I, H)
-            yield p + "output_linear.weight", (E, H, I)
+            yield from experts(name.removesuffix("post_attention_layernorm.weight"))
+
+
+def granitemoe_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
+    """Granite MoE: Llama's names but the MLP a router and stacked experts, input_linear [E, 2I, H]
+    (gate rows, then up rows) and output_linear [E, H, I], under block_sparse_moe."""
+    H, I, E = c["hidden_size"], c["intermediate_size"], c["num_local_experts"]
+
+    def experts(p: str) -> Iterator[tuple[str, tuple[int, ...]]]:
+        yield p + "block_sparse_moe.router.layer.weight", (E, H)
+        yield p + "block_sparse_moe.input_linear.weight", (E, 2 * I, H)
+        yield p + "block_sparse_moe.output_linear.weight", (E, H, I)
+
+    yield from llama_with_experts(c, experts)
 
 def mixtral_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
     """Mixtral: Llama's attention and norms; the MLP a router block_sparse_moe.gate and per-expert
     w1 (gate), w3 (up), w2 (down) Linears under block_sparse_moe.experts.{e}."""
     H, I, E = c["hidden_size"], c["intermediate_size"], c["num_local_experts"]
-    for name, shape in llama_tensors(c):
-        if ".mlp." in name:
-            continue
-        yield name, shape
-        if name.endswith("post_attention_layernorm.weight"):
-            p = name.removesuffix("post_attention_layernorm.weight") + "block_sparse_moe."
-            yield p + "gate.weight", (E, H)
-            for e in range(E):
-                yield p + f"experts.{e}.w1.weight", (I, H)
-                yield p + f"experts.{e}.w3.weight", (I, H)
-                yield p + f"experts.{e}.w2.weight", (H, I)
+
+    def experts(p: str) -> Iterator[tuple[str, tuple[int, ...]]]:
+        yield p + "block_sparse_moe.gate.weight", (E, H)
+        for e in range(E):
+            yield p + f"block_sparse_moe.experts.{e}.w1.weight", (I, H)
+            yield p + f"block_sparse_moe.experts.{e}.w3.weight", (I, H)
+            yield p + f"block_sparse_moe.experts.{e}.w2.weight", (H, I)
+
+    yield from llama_with_experts(c, experts)
 
 
 def phimoe_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
