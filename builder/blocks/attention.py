@@ -211,17 +211,19 @@ def _qkv_bias(w: AttentionWeights) -> Weight | None:
     return Weight.concat(biases, axis=0)
 
 
+def split_packed(g: Graph, qkv: ir.Value, spec: AttentionSpec) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """q, k and v of the packed projection: (B, S, Hq·D + 2·Hkv·D) -> (B, S, Hq·D), (B, S, Hkv·D) twice."""
+    q_dim, kv_dim = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
+    return g.op.Split(qkv, g.constant([q_dim, kv_dim, kv_dim], "int64"), axis=-1, _outputs=3)
+
+
 def _queries_keys_values(g: Graph, qkv: ir.Value | tuple[ir.Value, ir.Value, ir.Value], rotary: ExplicitRotary | None,
                          lengths: SequenceLengths, w: AttentionWeights, spec: AttentionSpec, target: Target,
                          q_scale: ir.Value | None) -> tuple[ir.Value, ir.Value, ir.Value]:
     """q, k and v split from the projection (or projected apart), q and k normed per head and
     rotated (by `rotary`, the explicit tables, when given; after the norms unless the spec says
     before), q scaled by `q_scale`."""
-    q_dim, kv_dim = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-    if isinstance(qkv, tuple):
-        q, k, v = qkv
-    else:
-        q, k, v = g.op.Split(qkv, g.constant([q_dim, kv_dim, kv_dim], "int64"), axis=-1, _outputs=3)
+    q, k, v = qkv if isinstance(qkv, tuple) else split_packed(g, qkv, spec)
     if rotary is not None and spec.qk_norm_after_rotary:
         q, k = _rotate(g, q, k, rotary, lengths, spec)
     q, k = _qk_norms(g, q, k, w, spec, target)
@@ -314,10 +316,7 @@ def _padded_heads(g: Graph, qkv: tuple[ir.Value, ir.Value | None, ir.Value | Non
     if rotary is not None:
         raise ValueError("a padded head is rotated before the attention (rotary_tables(head_size=...))")
     D, padded = spec.head_dim, kv_head_size(spec.head_dim)
-    q, k, v = qkv
-    if k is None:  # the packed projection: (B, S, Hq·D + 2·Hkv·D) -> q, k, v
-        q_dim, kv_dim = spec.num_heads * D, spec.num_kv_heads * D
-        q, k, v = g.op.Split(q, g.constant([q_dim, kv_dim, kv_dim], "int64"), axis=-1, _outputs=3)
+    q, k, v = qkv if qkv[1] is not None else split_packed(g, qkv[0], spec)
     zeros = g.constant([0, 0, 0, 0, 0, 0, 0, padded - D], "int64")
 
     def pad(x: ir.Value, heads: int) -> ir.Value:
@@ -349,10 +348,7 @@ def standard_attention(
     """ONNX's Attention (opset 24) over q, k and v (B, S, heads·head_dim), q and k already rotated:
     present = past ‖ new along the sequence (onnxruntime-genai then keeps separate past and
     present buffers), the causal, padding and window rules in one boolean mask (standard_mask)."""
-    q, k, v = qkv
-    if k is None:  # the packed projection
-        q_dim, kv_dim = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
-        q, k, v = g.op.Split(q, g.constant([q_dim, kv_dim, kv_dim], "int64"), axis=-1, _outputs=3)
+    q, k, v = qkv if qkv[1] is not None else split_packed(g, qkv[0], spec)
     mask = standard_mask(g, q, lengths, spec.window or 0)
     if attention_bias is not None:  # additive: −∞ where the boolean mask hides, then the bias
         dtype = np.dtype(target.io_dtype)
