@@ -97,3 +97,24 @@ def test_heads_padded_to_a_multiple_of_8_generate_as_transformers(config_class, 
     decoder = json.loads((out / "genai_config.json").read_text())["model"]["decoder"]
     assert decoder["head_size"] == -(-overrides["head_dim"] // 8) * 8
     assert_same_greedy(out, source, GENAI_PROMPT)
+
+
+def test_padded_heads_in_a_ragged_batch_and_at_fp16(tmp_path):
+    # As users run them: a right-padded batch of prompts of different lengths through
+    # onnxruntime-genai, row by row equal to transformers; fp16 activations within 1e-2.
+    import torch
+    import transformers
+
+    from conftest import TINY
+    from helpers import build, make_checkpoint, relative_error
+    from test_family_lfm2 import assert_ragged_batch_matches, onnx_steps, reference_steps
+
+    config = {**TINY, "eos_token_id": 255, "head_dim": 20, "hidden_size": 60, "num_attention_heads": 3,
+              "num_key_value_heads": 1}
+    source = make_checkpoint(tmp_path / "src", "LlamaConfig", **config)
+    model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    assert_ragged_batch_matches(build(source, tmp_path / "fp32", "-p", "fp32"), model)
+    prompt = [5, 17, 33, 12, 99, 100, 7, 8, 61, 42]
+    want, fed = reference_steps(model, prompt, 2)
+    for step, (g, w) in enumerate(zip(onnx_steps(build(source, tmp_path / "fp16", "-p", "fp16"), prompt, fed), want)):
+        assert relative_error(g, w) < 1e-2, f"step {step}: relative error {relative_error(g, w):.2e}"
