@@ -40,7 +40,7 @@ from builder.graph import Graph
 from builder.image_processor import extensions_processor
 from builder.inputs.source import Checkpoint
 from builder.io import BATCH, SEQUENCE, tensor_type
-from builder.package import Package, preprocessor_config, register_package, vision_target
+from builder.package import Package, PackageModel, image_models, preprocessor_config, register_package, vision_target
 from builder.target import Target
 
 log = logging.getLogger("builder")
@@ -81,15 +81,13 @@ def package(raw: dict[str, Any], folder: Path, ckpt: Checkpoint, text: GemmaConf
     vision_dtype = tower.io_dtype
     pre = preprocessor_config(folder)
     vision, embedding = Graph(), Graph()
-    return Package(
-        models={
-            VISION_FILE: gemma3_vision.vision_model(ckpt, vc, tower, vision),
-            EMBEDDING_FILE: embedding_model(ckpt, text, image_token, vision_dtype, target, embedding),
-        },
-        sources={VISION_FILE: vision.sources, EMBEDDING_FILE: embedding.sources},
-        processor=extensions_processor(pre, vc.image_size, "gemma_3_image_processing", PROCESSOR_DEFAULTS),
-        model_type=MODEL_TYPE, ignored=IGNORED, vision_file=VISION_FILE, embedding_file=EMBEDDING_FILE,
+    models = image_models(
+        PackageModel(VISION_FILE, gemma3_vision.vision_model(ckpt, vc, tower, vision), vision.sources, "vision", {}),
+        PackageModel(EMBEDDING_FILE, embedding_model(ckpt, text, image_token, vision_dtype, target, embedding),
+                     embedding.sources, "embedding", {}),
     )
+    return Package(MODEL_TYPE, models, extensions_processor(pre, vc.image_size, "gemma_3_image_processing",
+                                                            PROCESSOR_DEFAULTS), ignored=IGNORED)
 
 
 def embedding_model(ckpt: Checkpoint, c: GemmaConfig, image_token: int, features_dtype: np.dtype,

@@ -40,7 +40,7 @@ from builder.graph import Graph
 from builder.image_processor import patched_processor
 from builder.inputs.source import Checkpoint
 from builder.io import BATCH, SEQUENCE, tensor_type
-from builder.package import Package, preprocessor_config, register_package, vision_target
+from builder.package import Package, PackageModel, image_models, preprocessor_config, register_package, vision_target
 from builder.target import Target
 
 __all__ = ["PROCESSOR_DEFAULTS", "TOKENS", "embedding_model", "has_vision", "package", "vl_package"]
@@ -88,22 +88,17 @@ def vl_package(raw: dict[str, Any], folder: Path, ckpt: Checkpoint, text: Decode
     vision_dtype = tower.io_dtype
     pre = preprocessor_config(folder)
     vision, embedding = Graph(), Graph()
-    return Package(
-        models={
-            "vision": vision_model(ckpt, vc, tower, vision),
-            "embedding": embedding_model(ckpt, text, tokens["image_token_id"], vision_dtype, target, embedding, width),
-        },
-        sources={"vision": vision.sources, "embedding": embedding.sources},
-        processor=patched_processor(pre, f"{model_type}_image_processor", model_type, PROCESSOR_DEFAULTS,
-                                    vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size),
-        model_type=model_type,
-        ignored=("visual.*", "model.visual.*"),
-        model_fields=tokens,
+    models = image_models(
+        PackageModel("vision", vision_model(ckpt, vc, tower, vision), vision.sources, "vision", {}),
+        PackageModel("embedding", embedding_model(ckpt, text, tokens["image_token_id"], vision_dtype, target,
+                                                  embedding, width), embedding.sources, "embedding", {}),
+        vision_inputs=("pixel_values", "image_grid_thw"),
         vision_fields={"spatial_merge_size": vc.spatial_merge_size, "patch_size": vc.patch_size, **vision_fields},
-        vision_inputs={"pixel_values": "pixel_values", "image_grid_thw": "image_grid_thw"},
-        position_ids=True,
-        embeds_width=width if width != text.hidden_size else None,
     )
+    processor = patched_processor(pre, f"{model_type}_image_processor", model_type, PROCESSOR_DEFAULTS,
+                                  vc.patch_size, vc.spatial_merge_size, vc.temporal_patch_size)
+    return Package(model_type, models, processor, ignored=("visual.*", "model.visual.*"), model_fields=tokens,
+                   position_rows=3, embeds_width=width if width != text.hidden_size else None)
 
 
 def embedding_model(ckpt: Checkpoint, c: DecoderConfig, image_token: int, features_dtype: np.dtype,

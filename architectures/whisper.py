@@ -47,7 +47,7 @@ from builder.graph import Graph
 from builder.hf_config import from_dict
 from builder.inputs.source import Checkpoint
 from builder.io import BATCH, PAST, SEQUENCE, TOTAL, graph_value, logits_dtype, tensor_type
-from builder.package import preprocessor_config, register_package
+from builder.package import Package, PackageModel, preprocessor_config, register_package
 from builder.target import Target
 
 ENCODER_FILE = "encoder"
@@ -129,7 +129,7 @@ def decoder_layer(g: Graph, stream: ResidualStream, w: Weights, io: WhisperIO, i
 
 def decoder_model(g: Graph, ckpt: Checkpoint, c: WhisperConfig,
                   target: Target) -> tuple[list[ir.Value], list[ir.Value]]:
-    """The text decoder recorded on `g`: returns its graph inputs and outputs (Family.decoder)."""
+    """The text decoder recorded on `g`: returns its graph inputs and outputs (Package.decoder)."""
     io = WhisperIO.create(c, target.io_dtype)
     d, dtype = c.d_model, target.io_dtype
     vocab = vocabulary(g, ckpt, target, (c.vocab_size, d), c.tie_word_embeddings,
@@ -155,56 +155,33 @@ def decoder_model(g: Graph, ckpt: Checkpoint, c: WhisperConfig,
     return io.inputs, io.outputs(logits, c, dtype, presents)
 
 
-@dataclass
-class Package:
-    """The encoder beside the decoder, the processor file, and what genai_config.json says of them."""
-
-    models: dict[str, ir.Model]
-    sources: dict[str, dict[str, tuple[str, ...]]]  # file stem -> initializer -> checkpoint tensors read
-    processor: dict[str, Any]
-    config: WhisperConfig
-    processor_file: str = AUDIO_PROCESSOR_FILE
-    ignored: tuple[str, ...] = ()
-
-    def genai_config(self, config: dict[str, Any]) -> dict[str, Any]:
-        """`config` (the decoder's genai_config.json) as onnxruntime-genai's whisper type reads it:
-        the decoder's cache names, the encoder and its cross-cache outputs, the speech processor
-        file, and a cache that grows by concatenation (MultiHeadAttention's presents)."""
-        c, model = self.config, config["model"]
-        decoder = {
-            **model["decoder"],
-            "inputs": {"input_ids": "input_ids", "past_key_names": PAST_KEY, "past_value_names": PAST_VALUE,
-                       "cross_past_key_names": CROSS_PAST_KEY, "cross_past_value_names": CROSS_PAST_VALUE},
-            "outputs": {"logits": "logits", "present_key_names": PRESENT_KEY, "present_value_names": PRESENT_VALUE},
-        }
-        encoder = {
-            "session_options": model["decoder"]["session_options"],
-            "filename": f"{ENCODER_FILE}.onnx",
-            "head_size": c.encoder_head_dim,
-            "hidden_size": c.d_model,
-            "inputs": {"audio_features": whisper_encoder.AUDIO_FEATURES},
-            "outputs": {"encoder_hidden_states": whisper_encoder.ENCODER_HIDDEN_STATES,
-                        "cross_present_key_names": whisper_encoder.CROSS_KEY,
-                        "cross_present_value_names": whisper_encoder.CROSS_VALUE},
-            "num_attention_heads": c.encoder_attention_heads,
-            "num_hidden_layers": c.encoder_layers,
-            "num_key_value_heads": c.encoder_attention_heads,
-        }
-        model = {**model, "type": MODEL_TYPE, "decoder": decoder, "encoder": encoder,
-                 "speech": {"config_filename": self.processor_file}}
-        return {**config, "model": model, "search": {**config["search"], "past_present_share_buffer": False}}
-
-
 @register_package("WhisperForConditionalGeneration")
 def package(raw: dict[str, Any], folder: Path, ckpt: Checkpoint, c: WhisperConfig, target: Target) -> Package:
-    """The encoder and the audio processor file of a WhisperForConditionalGeneration checkpoint."""
-    pre = preprocessor_config(folder)
+    """Whisper as onnxruntime-genai's whisper type reads it: the encoder (and its cross-cache
+    outputs), this module's decoder with its self and cross caches, the speech processor file, and a
+    cache that grows by concatenation (MultiHeadAttention's presents: no shared buffer)."""
     g = Graph()
-    return Package(models={ENCODER_FILE: whisper_encoder.encoder_model(ckpt, c, target, g)},
-                   sources={ENCODER_FILE: g.sources}, processor=whisper_processor(pre, c.num_mel_bins), config=c)
+    encoder = PackageModel(ENCODER_FILE, whisper_encoder.encoder_model(ckpt, c, target, g), g.sources, "encoder", {
+        "head_size": c.encoder_head_dim,
+        "hidden_size": c.d_model,
+        "inputs": {"audio_features": whisper_encoder.AUDIO_FEATURES},
+        "outputs": {"encoder_hidden_states": whisper_encoder.ENCODER_HIDDEN_STATES,
+                    "cross_present_key_names": whisper_encoder.CROSS_KEY,
+                    "cross_present_value_names": whisper_encoder.CROSS_VALUE},
+        "num_attention_heads": c.encoder_attention_heads,
+        "num_hidden_layers": c.encoder_layers,
+        "num_key_value_heads": c.encoder_attention_heads,
+    })
+    decoder = {
+        "inputs": {"input_ids": "input_ids", "past_key_names": PAST_KEY, "past_value_names": PAST_VALUE,
+                   "cross_past_key_names": CROSS_PAST_KEY, "cross_past_value_names": CROSS_PAST_VALUE},
+        "outputs": {"logits": "logits", "present_key_names": PRESENT_KEY, "present_value_names": PRESENT_VALUE},
+    }
+    return Package(MODEL_TYPE, [encoder], whisper_processor(preprocessor_config(folder), c.num_mel_bins),
+                   AUDIO_PROCESSOR_FILE, decoder_fields=decoder, search={"past_present_share_buffer": False},
+                   sections={"speech": {"config_filename": AUDIO_PROCESSOR_FILE}}, decoder=decoder_model)
 
 
-FAMILY = register(Family(  # no layer for the shared body: decoder_model records the whole decoder
-    "whisper", WhisperConfig, None, {"WhisperForConditionalGeneration": {}},
-    parser=parse_config, decoder=decoder_model,
+FAMILY = register(Family(  # no layer for the shared body: the package's decoder_model records the decoder
+    "whisper", WhisperConfig, None, {"WhisperForConditionalGeneration": {}}, parser=parse_config,
 ))

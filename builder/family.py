@@ -189,11 +189,9 @@ class Family:
     compute_default_rope_parameters ignores it: whole_head_rotary), so `parse` drops it, or refuses
     it with a scaled rope, which transformers cannot run.
     `weights`/`prefix`: how a layer's tensors are read (`{prefix}layers.{i}.`), a callable taking
-    the Decoder where the prefix depends on the checkpoint. `decoder`: for a decoder whose inputs and
-    outputs are not the shared contract (Whisper's int32 ids, self and cross caches, no attention
-    mask): decoder(g, ckpt, config, target) records the whole decoder and returns (graph inputs,
-    graph outputs), in place of the shared body and builder.io.DecoderIO; such a family declares no
-    `layer` (None)."""
+    the Decoder where the prefix depends on the checkpoint. `layer` None: the shared body does not
+    build this family's decoder; its package records it (builder.package.Package.decoder: Whisper's
+    int32 ids, self and cross caches, no attention mask)."""
 
     name: str
     config: type
@@ -213,7 +211,6 @@ class Family:
     prefix: str | Callable[[Decoder], str] = "model."
     final_norm: Callable[[Decoder], ir.Value] = final_norm
     logits: Callable[[Decoder, ir.Value], ir.Value] = logits
-    decoder: Callable[[Graph, Checkpoint, Any, Target], tuple[list[ir.Value], list[ir.Value]]] | None = None
 
     @property
     def architectures(self) -> tuple[str, ...]:
@@ -231,7 +228,7 @@ class Family:
               target: Target) -> tuple[ir.Value, list[tuple[ir.Value, ir.Value]]]:
         """The decoder graph: returns (logits, the present key and value of every layer)."""
         if self.layer is None:
-            raise ValueError(f"the {self.name} family records its decoder with its own `decoder` hook")
+            raise ValueError(f"the {self.name} family's decoder is recorded by its package (Package.decoder)")
         d = Decoder(g, io, ckpt, c, target)
         d.prefix = self.prefix(d) if callable(self.prefix) else self.prefix
         d.rotary = self.rotary(d)

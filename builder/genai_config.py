@@ -150,35 +150,6 @@ def _search_section(info: DecoderInfo, generation: dict[str, Any], search: dict[
     }
 
 
-def with_vision(config: dict[str, Any], model_type: str, vision: str, processor: str, embedding: str,
-                model_fields: dict[str, Any] | None = None, vision_fields: dict[str, Any] | None = None,
-                vision_inputs: dict[str, str] | None = None) -> dict[str, Any]:
-    """`config` (a decoder reading inputs_embeds) as onnxruntime-genai's vision-language pipeline:
-    the vision model (pixel_values -> image_features, its image processor file) and the embedding
-    model (input_ids and image_features -> inputs_embeds) run before the decoder. `model_fields`
-    and `vision_fields`: what the model type reads beyond that (Qwen-VL's token ids, merge and
-    patch sizes); `vision_inputs`: the vision model's inputs (pixel_values alone by default)."""
-    model = config["model"]
-    session = model["decoder"]["session_options"]
-    model = {
-        **model,
-        **(model_fields or {}),
-        "type": model_type,
-        "vision": {
-            "filename": vision, "config_filename": processor, "session_options": session,
-            **(vision_fields or {}),
-            "inputs": vision_inputs or {"pixel_values": "pixel_values"},
-            "outputs": {"image_features": "image_features"},
-        },
-        "embedding": {
-            "filename": embedding, "session_options": session,
-            "inputs": {"input_ids": "input_ids", "image_features": "image_features"},
-            "outputs": {"inputs_embeds": "inputs_embeds"},
-        },
-    }
-    return {**config, "model": model}
-
-
 def write_genai_files(source: Path, dest: Path, config: dict[str, Any]) -> list[str]:
     """Writes genai_config.json and copies the tokenizer files that exist; returns the copied names."""
     (dest / "genai_config.json").write_text(json.dumps(config, indent=4) + "\n")

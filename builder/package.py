@@ -1,8 +1,12 @@
-"""A multimodal build's models beside the decoder, and what genai_config.json says of them.
+"""A checkpoint's models as a package: each model with its genai_config.json section, and the
+processor file, as data the pipeline builds, writes and describes without knowing the family.
 
 An architecture's package builder, registered beside its definition (`@register_package(...)`),
-returns one from `package(raw, folder, checkpoint, config, target)`; builder/pipeline.py plans,
-writes and describes its models next to model.onnx.
+returns a `Package` from `package(raw, folder, checkpoint, config, target)`: its models beside
+model.onnx (a vision tower, an embedding model, an encoder: `PackageModel`, each naming its own
+genai_config section), and, where the decoder's inputs and outputs are not the shared contract
+(Whisper's self and cross caches), the decoder's own recorder (`Package.decoder`). builder/
+pipeline.py records and checks the decoder, then every model of the package, the same way.
 """
 
 from __future__ import annotations
@@ -10,25 +14,28 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 import onnx_ir as ir
 
 from builder.errors import BuildError
-from builder.genai_config import with_vision
 from builder.hf_config import read_json
 from builder.image_processor import PROCESSOR_FILE
 from builder.target import Target
 
-__all__ = ["PACKAGES", "ModelPackage", "Package", "preprocessor_config", "register_package", "vision_target"]
+__all__ = ["PACKAGES", "Package", "PackageModel", "image_models", "preprocessor_config", "register_package",
+           "vision_target"]
 
-# What builds an architecture's other models: package(raw config.json, folder, checkpoint, the
-# decoder's config, target) -> a ModelPackage, or None where the checkpoint holds the decoder alone.
-PackageBuilder = Callable[..., "ModelPackage | None"]
+# What builds an architecture's package: package(raw config.json, folder, checkpoint, the
+# decoder's config, target) -> a Package, or None where the checkpoint holds the decoder alone.
+PackageBuilder = Callable[..., "Package | None"]
 # architecture -> its package builder, registered where the builder is defined (as families are).
 PACKAGES: dict[str, PackageBuilder] = {}
+# A decoder with inputs and outputs of its own: records itself on the graph from (checkpoint,
+# config, target) and returns (graph inputs, graph outputs).
+DecoderRecorder = Callable[..., tuple[list[ir.Value], list[ir.Value]]]
 
 
 def register_package(*architectures: str) -> Callable[[PackageBuilder], PackageBuilder]:
@@ -59,54 +66,74 @@ def vision_target(target: Target) -> Target:
     return Target(io_dtype=dtype, execution_provider=target.execution_provider, narrow_float_matrices=narrow)
 
 
-class ModelPackage(Protocol):
-    """What the pipeline reads of any package: this module's Package (images and text) or
-    architectures/whisper.py's (speech). Each model is planned, estimated and written beside
-    model.onnx, the processor file with them, and `genai_config` rewrites the decoder's config."""
+@dataclass
+class PackageModel:
+    """One model beside the decoder, written as `{stem}.onnx`: the graph, the checkpoint tensors
+    each initializer reads, and its section of genai_config.json (`section`, e.g. "vision",
+    "embedding", "encoder": `genai` holds the section's keys beyond its filename and session options,
+    which the package fills in, the decoder's)."""
 
-    models: dict[str, ir.Model]  # file stem -> model
-    sources: dict[str, dict[str, tuple[str, ...]]]  # file stem -> initializer -> checkpoint tensors read
-    processor: dict[str, Any]
-    processor_file: str
-    ignored: tuple[str, ...]  # checkpoint tensors no model reads, on purpose
-
-    def genai_config(self, config: dict[str, Any]) -> dict[str, Any]: ...
+    stem: str
+    model: ir.Model
+    sources: dict[str, tuple[str, ...]]
+    section: str
+    genai: dict[str, Any]
 
 
 @dataclass
 class Package:
-    """The models beside the decoder (file stem -> model) and what genai_config.json says of them.
+    """A checkpoint's models beside the decoder, the processor file, and what genai_config.json says
+    of them, as onnxruntime-genai's pipeline of `model_type` reads it.
 
-    `model_fields`: keys genai reads at model level (Qwen-VL's image_token_id, ...);
-    `vision_fields`: keys of the vision section beyond filename, config file and session;
-    `vision_inputs`: the vision model's inputs by genai's names; `position_ids`: the decoder
-    reads position ids (3, batch, sequence) that genai computes (Qwen-VL's M-RoPE);
-    `embeds_width`: the width of inputs_embeds when it is not the decoder's hidden size (Qwen3-VL's
-    DeepStack features ride beside the embeddings; genai sizes its buffers by the decoder section's
-    hidden_size, which then says this width)."""
+    `processor` is written as `processor_file`; `model_fields`: keys genai reads at model level
+    (Qwen-VL's image_token_id, ...); `decoder_fields`: keys of the decoder section this package
+    sets (its input and output names, the inputs_embeds width genai sizes its buffers by); `search`:
+    search settings it needs (an encoder-decoder's growing cache). `decoder`: the recorder of a
+    decoder whose inputs and outputs are not the shared contract, None for builder.io.DecoderIO's;
+    `position_rows`: the shared decoder reads position ids of this many rows that genai computes
+    (Qwen-VL's M-RoPE: 3); `embeds_width`: the width of its inputs_embeds where that is not the
+    hidden size (Qwen3-VL's DeepStack features ride beside the embeddings)."""
 
-    models: dict[str, ir.Model]
-    sources: dict[str, dict[str, tuple[str, ...]]]  # file stem -> initializer -> checkpoint tensors read
-    processor: dict[str, Any]
     model_type: str
-    ignored: tuple[str, ...] = ()
-    vision_file: str = "vision"
-    embedding_file: str = "embedding"
+    models: list[PackageModel]
+    processor: dict[str, Any]
     processor_file: str = PROCESSOR_FILE
+    ignored: tuple[str, ...] = ()  # checkpoint tensors no model reads, on purpose
     model_fields: dict[str, Any] = field(default_factory=dict)
-    vision_fields: dict[str, Any] = field(default_factory=dict)
-    vision_inputs: dict[str, str] = field(default_factory=lambda: {"pixel_values": "pixel_values"})
-    position_ids: bool = False
+    decoder_fields: dict[str, Any] = field(default_factory=dict)
+    search: dict[str, Any] = field(default_factory=dict)
+    sections: dict[str, Any] = field(default_factory=dict)  # model-level sections without a model (Whisper's speech)
+    decoder: DecoderRecorder | None = None
+    position_rows: int | None = None
     embeds_width: int | None = None
 
     def genai_config(self, config: dict[str, Any]) -> dict[str, Any]:
-        """`config` (the decoder's genai_config.json, reading inputs_embeds) as onnxruntime-genai's
-        vision-language pipeline of `model_type`: the vision and embedding models, the decoder's
-        position_ids and the width of its inputs_embeds where this package has them."""
-        decoder = config["model"]["decoder"]
-        if self.position_ids:
-            decoder["inputs"]["position_ids"] = "position_ids"
+        """`config` (the decoder's genai_config.json, reading inputs_embeds unless this package
+        records its own decoder) as onnxruntime-genai's pipeline of `model_type`: each model's
+        section (its filename and the decoder's session options first), the model-level fields and
+        the decoder's and search's settings this package needs."""
+        model = config["model"]
+        session = model["decoder"]["session_options"]
+        decoder = {**model["decoder"], **self.decoder_fields}
+        if self.position_rows:
+            decoder["inputs"] = {**decoder["inputs"], "position_ids": "position_ids"}
         if self.embeds_width:
             decoder["hidden_size"] = self.embeds_width
-        return with_vision(config, self.model_type, f"{self.vision_file}.onnx", self.processor_file,
-                           f"{self.embedding_file}.onnx", self.model_fields, self.vision_fields, self.vision_inputs)
+        sections = {m.section: {"filename": f"{m.stem}.onnx", "session_options": session, **m.genai}
+                    for m in self.models}
+        model = {**model, **self.model_fields, "type": self.model_type, "decoder": decoder, **sections,
+                 **self.sections}
+        return {**config, "model": model, "search": {**config["search"], **self.search}}
+
+
+def image_models(vision: PackageModel, embedding: PackageModel, processor_file: str = PROCESSOR_FILE,
+                 vision_inputs: tuple[str, ...] = ("pixel_values",), vision_fields: dict[str, Any] | None = None
+                 ) -> list[PackageModel]:
+    """onnxruntime-genai's vision-language pipeline: the vision model (`vision_inputs` ->
+    image_features, reading the image processor file) and the embedding model (input_ids and
+    image_features -> inputs_embeds) that run before the decoder; their sections say so."""
+    vision.genai = {"config_filename": processor_file, **(vision_fields or {}),
+                    "inputs": {n: n for n in vision_inputs}, "outputs": {"image_features": "image_features"}}
+    embedding.genai = {"inputs": {"input_ids": "input_ids", "image_features": "image_features"},
+                       "outputs": {"inputs_embeds": "inputs_embeds"}}
+    return [vision, embedding]

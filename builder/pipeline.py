@@ -33,7 +33,7 @@ from builder.lazy import Weight
 from builder.providers import Provider
 from builder.options import BuildOptions
 from builder.output_folder import check_output
-from builder.package import ModelPackage
+from builder.package import Package
 from builder.preflight import (
     check_context_length,
     check_float_layers,
@@ -67,7 +67,7 @@ class Plan:
     graph_sources: dict[str, tuple[str, ...]]  # initializer -> the checkpoint tensors it reads
     source: Source  # what `folder` holds, in its format (and the files that format writes into the output)
     adapter: Adapter | None = None  # a LoRA adapter merged into the weights
-    package: ModelPackage | None = None  # a package's other models (builder.package.Package, Whisper's), or None
+    package: Package | None = None  # the models beside the decoder and their genai_config sections, or None
     estimates: dict[str, Estimate] | None = None  # each model's own (file stem -> estimate)
     target: Any = None  # the Target the model was built for (the options' with what the checkpoint decided)
 
@@ -135,10 +135,10 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     sources = dict(g.sources)
     stored: set = set()  # the values the models before store (a tied vocabulary: writer.save_models)
     estimates = {MODEL_STEM: estimate(model, _source_bytes(checkpoint, g.sources), g.members, stored, g.quantizes)}
-    for stem, part in package.models.items() if package is not None else ():
-        _finish(part, f"{name}'s {stem} model", target)
-        sources.update({f"{stem}:{n}": srcs for n, srcs in package.sources[stem].items()})
-        estimates[stem] = estimate(part, _source_bytes(checkpoint, package.sources[stem]), stored=stored)
+    for part in package.models if package is not None else ():
+        _finish(part.model, f"{name}'s {part.stem} model", target)
+        sources.update({f"{part.stem}:{n}": srcs for n, srcs in part.sources.items()})
+        estimates[part.stem] = estimate(part.model, _source_bytes(checkpoint, part.sources), stored=stored)
     total = combined(list(estimates.values()))
     total = dataclasses.replace(total, peak_rss=total.peak_rss + inp.files_memory())  # a GGUF's tokenizer
     return Plan(folder, name, config, info, checkpoint, model, generation, total,
@@ -161,14 +161,15 @@ def _architecture(raw: dict, config_path: Path) -> str:
     return name
 
 
-def _check_package_options(name: str, family, package, options: BuildOptions, target) -> None:
+def _check_package_options(name: str, family, package: Package | None, options: BuildOptions, target) -> None:
     """Options a package (several models) or a decoder with I/O of its own does not take."""
-    if target.last_logits_only and (package is not None or family.decoder is not None):
+    own_decoder = family.layer is None  # recorded by its package (Package.decoder), not the shared body
+    if target.last_logits_only and (package is not None or own_decoder):
         raise BuildError(f"--prune-lm-head: {name}'s package (encoder and decoder models) is not proved "
                          "with last-position logits; build it without --prune-lm-head"
-                         + (" or build the text decoder alone (--text-only)" if family.decoder is None else ""))
-    if family.decoder is not None:  # a decoder with I/O of its own (an encoder-decoder's)
-        if package is None:
+                         + (" or build the text decoder alone (--text-only)" if not own_decoder else ""))
+    if own_decoder:  # a decoder with I/O of its own (an encoder-decoder's)
+        if package is None or package.decoder is None:
             raise BuildError(f"{name}'s decoder runs only beside its encoder: build the whole package "
                              "(without --text-only, from a safetensors folder)")
         if options.kv_cache != "float" or target.standard_ops:
@@ -179,16 +180,16 @@ def _check_package_options(name: str, family, package, options: BuildOptions, ta
 def _record_decoder(g: Graph, family, checkpoint, config, info: DecoderInfo, package, options: BuildOptions,
                     target) -> tuple[list[ir.Value], list[ir.Value], object]:
     """The decoder recorded on `g`, its inputs and outputs from the layers' declared states
-    (DecoderIO.from_states), or the family's own `decoder` hook; returns (inputs, outputs, the
-    target, with the int8 KV cache's scales where asked)."""
-    if family.decoder is not None:
-        return (*family.decoder(g, checkpoint, config, target), target)
+    (DecoderIO.from_states), or by the package's own recorder (Package.decoder); returns (inputs,
+    outputs, the target, with the int8 KV cache's scales where asked)."""
+    if package is not None and package.decoder is not None:
+        return (*package.decoder(g, checkpoint, config, target), target)
     windowed = info.sliding_window_layers if target.windowed_kv_cache else []
     io = DecoderIO.from_states(info.layers, target.io_dtype, windowed,
                                embeds_width=(package.embeds_width or info.hidden_size) if package is not None else None,
                                position_ids=target.provider.position_ids,
                                kv_dtype=np.int8 if options.kv_cache != "float" else None,
-                               position_rows=3 if package is not None and package.position_ids else None)
+                               position_rows=package.position_rows if package is not None else None)
     # The provider's positions (batch, sequence) feed explicit rotary; Qwen-VL's M-RoPE rows its own tables.
     g.position_ids = io.position_ids if io.position_ids is not None and len(io.position_ids.shape) == 2 else None
     if options.kv_cache != "float":
@@ -273,7 +274,7 @@ def _source_bytes(checkpoint: Checkpoint, sources: dict[str, tuple[str, ...]]) -
 def genai_json(p: Plan, options: BuildOptions) -> dict[str, Any]:
     """genai_config.json: the decoder's, or a package's (the package rewrites the decoder's)."""
     config = genai_config(p.info, p.target or options.target(), p.generation, options.search,
-                          inputs_embeds=p.package is not None)
+                          inputs_embeds=p.package is not None and p.package.decoder is None)
     return config if p.package is None else p.package.genai_config(config)
 
 
@@ -347,7 +348,7 @@ def build(options: BuildOptions, progress: bool = True, on_published: Callable[[
             (staging / p.package.processor_file).write_text(json.dumps(p.package.processor, indent=2) + "\n")
         p.source.write_files(staging)
 
-    write_output(output, {MODEL_STEM: p.model, **(p.package.models if p.package is not None else {})},
+    write_output(output, {MODEL_STEM: p.model, **{m.stem: m.model for m in (p.package.models if p.package else ())}},
                  genai_json(p, options), folder, record_now, overwrite=options.overwrite,
                  inputs=[folder] if p.adapter is None else [folder, p.adapter.folder],  # a hub adapter's snapshot too
                  progress=progress, more_files=package_files, on_published=on_published)
