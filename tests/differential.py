@@ -215,7 +215,7 @@ def _reference(folder: Path, prompt: list[int]) -> tuple[list[np.ndarray], list[
     import torch
     import transformers
 
-    from test_family_lfm2 import reference_steps
+    from family_runner import reference_steps
 
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     logits, fed = reference_steps(model, prompt, STEPS)
@@ -229,7 +229,7 @@ def run_case(case: Case, folder: Path) -> Outcome:
     """Makes the case's checkpoint under `folder`, runs transformers, builds with builder, compares."""
     from builder.cli import main
     from helpers import relative_error
-    from test_family_lfm2 import onnx_steps
+    from family_runner import onnx_steps
 
     config = {**copy.deepcopy(case.base.config), **copy.deepcopy(case.overrides)}
     source, out = folder / "src", folder / "out"

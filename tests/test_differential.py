@@ -107,7 +107,7 @@ def test_padded_heads_in_a_ragged_batch_and_at_fp16(tmp_path):
 
     from conftest import TINY
     from helpers import build, make_checkpoint, relative_error
-    from test_family_lfm2 import assert_ragged_batch_matches, onnx_steps, reference_steps
+    from family_runner import assert_ragged_batch_matches, onnx_steps, reference_steps
 
     config = {**TINY, "eos_token_id": 255, "head_dim": 20, "hidden_size": 60, "num_attention_heads": 3,
               "num_key_value_heads": 1}

@@ -1,16 +1,15 @@
-"""Apertus (architectures/apertus.py) against transformers: fp32 prefill and decode, int4 against
-fake quantization, onnxruntime-genai's greedy tokens, config parsing. The checkpoints carry xIELU
+"""Apertus (architectures/apertus.py) against transformers: the shared family proofs
+(tests/family_runner.py) and the xIELU parameters' checks. The checkpoints carry xIELU
 parameters of their own per layer (not the initial ones), so a swapped or misread one shows."""
 
-import json
 import shutil
 
 import pytest
 import torch
 import transformers
 from conftest import TINY
-from fake_quant import assert_quantized_parity
-from helpers import GENAI_PROMPT, assert_parity, build, make_checkpoint
+from family_runner import CONFIG_FIELDS, FamilyTest, family_tests
+from helpers import make_checkpoint
 from safetensors.torch import load_file, save_file
 
 import architectures
@@ -44,37 +43,28 @@ def apertus_checkpoint(folder, **config):
     return folder
 
 
-@pytest.fixture(scope="module", params=sorted(VARIANTS))
-def apertus(request, tmp_path_factory):
-    return apertus_checkpoint(tmp_path_factory.mktemp(request.param), **VARIANTS[request.param])
+globals().update(family_tests(FamilyTest(
+    "ApertusForCausalLM", "ApertusConfig", VARIANTS, make=lambda folder, config: apertus_checkpoint(folder, **config),
+    # fp16: the biases-tied variant (the first); the llama3 one's logits move by 1.8e-2 in
+    # transformers' own float16 run, this one's by 1e-3.
+    fp16_tolerance=1e-2, genai_variant="llama3", ragged=True,
+    config_raws=(
+        {},
+        dict(rope_theta=500000.0),  # without rotary settings ApertusConfig keeps its own llama3 ones, theta too
+        dict(rope_scaling=dict(rope_type="llama3", factor=8.0, original_max_position_embeddings=8192,
+                               low_freq_factor=1.0, high_freq_factor=4.0), rope_theta=12000000, num_key_value_heads=8,
+             intermediate_size=21504, eos_token_id=68, tie_word_embeddings=False),
+        dict(rope_scaling=dict(rope_type="linear", factor=2.0), hidden_act="relu2", pad_token_id=None),
+    ),
+    config_fields=(*CONFIG_FIELDS, "rms_norm_eps", "attention_bias"),
+)))
 
 
-def test_fp32_matches_transformers(apertus, tmp_path):
-    assert_parity(build(apertus, tmp_path / "out", "-p", "fp32"), apertus, tolerance=1e-4)
+@pytest.fixture(scope="module")
+def apertus(tmp_path_factory):
+    return apertus_checkpoint(tmp_path_factory.mktemp("llama3"), **VARIANTS["llama3"])
 
 
-def test_fp16_matches_transformers(tmp_path):
-    # The xIELU parameters are cast to float16 in the graph. One variant only: the llama3 one's
-    # logits move by 1.8e-2 in transformers' own float16 run, this one's by 1e-3.
-    source = apertus_checkpoint(tmp_path / "src", **VARIANTS["biases-tied"])
-    assert_parity(build(source, tmp_path / "out", "-p", "fp16"), source, tolerance=1e-2)
-
-
-def test_int4_matches_fake_quantized_transformers(apertus, tmp_path):
-    out = build(apertus, tmp_path / "out", "-p", "int4", "--accuracy-level", "0")
-    assert_quantized_parity(apertus, out, exact=True)
-
-
-def test_genai_greedy_matches_transformers(tmp_path):
-    from test_genai import assert_same_greedy
-
-    source = apertus_checkpoint(tmp_path / "src", **VARIANTS["llama3"], eos_token_id=255)
-    out = build(source, tmp_path / "out", "-p", "fp32")
-    assert json.loads((out / "genai_config.json").read_text())["model"]["type"] == "llama"
-    assert_same_greedy(out, source, GENAI_PROMPT)
-
-
-@pytest.mark.parametrize("apertus", ["llama3"], indirect=True)
 def test_xielu_parameter_of_another_shape_is_refused(apertus, tmp_path, capsys):
     source = tmp_path / "src"
     shutil.copytree(apertus, source)
@@ -86,23 +76,9 @@ def test_xielu_parameter_of_another_shape_is_refused(apertus, tmp_path, capsys):
         capsys.readouterr().err)
 
 
-@pytest.mark.parametrize("raw", [
-    {},
-    dict(rope_theta=500000.0),  # without rotary settings ApertusConfig keeps its own llama3 ones, theta too
-    dict(rope_scaling=dict(rope_type="llama3", factor=8.0, original_max_position_embeddings=8192, low_freq_factor=1.0,
-                           high_freq_factor=4.0), rope_theta=12000000, num_key_value_heads=8, intermediate_size=21504,
-         eos_token_id=68, tie_word_embeddings=False),
-    dict(rope_scaling=dict(rope_type="linear", factor=2.0), hidden_act="relu2", pad_token_id=None),
-])
-def test_config_matches_transformers(raw):
-    ours = architectures.load("ApertusForCausalLM").parse_config(dict(raw, architectures=["ApertusForCausalLM"]),
+def test_config_fixed_by_the_modeling_file():
+    ours = architectures.load("ApertusForCausalLM").parse_config({"architectures": ["ApertusForCausalLM"]},
                                                                  "ApertusForCausalLM")
-    theirs = transformers.ApertusConfig(**raw)
-    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                 "num_key_value_heads", "hidden_act", "max_position_embeddings", "rms_norm_eps",
-                 "tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id", "attention_bias"):
-        assert getattr(ours, name) == getattr(theirs, name), name
+    theirs = transformers.ApertusConfig()
     assert ours.head_dim == theirs.hidden_size // theirs.num_attention_heads
     assert ours.qk_norm and not ours.mlp_bias
-    strip = lambda d: {k: v for k, v in d.items() if k != "type"}  # noqa: E731
-    assert strip(ours.rope_parameters) == strip(theirs.rope_parameters)

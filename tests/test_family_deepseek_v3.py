@@ -12,7 +12,7 @@ import torch
 import transformers
 from helpers import GENAI_PROMPT, build, make_checkpoint
 from safetensors.numpy import load_file, save_file
-from test_family_lfm2 import assert_ragged_batch_matches, assert_steps_match
+from family_runner import assert_ragged_batch_matches, assert_steps_match
 
 # 3 heads with q_lora_rank (and a variant without), rank 32, rope 16, nope 24, v 20 (all different),
 # YaRN with mscale_all_dim (the softmax scale's mscale²); 2 dense layers then experts: 8 in 2

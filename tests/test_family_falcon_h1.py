@@ -16,7 +16,7 @@ from fake_quant import fake_quantize_model
 from helpers import GENAI_PROMPT, build
 from safetensors.numpy import save_file
 from test_family_granitemoehybrid import random_mamba
-from test_family_lfm2 import PROMPT, assert_ragged_batch_matches, assert_steps_match
+from family_runner import PROMPT, assert_ragged_batch_matches, assert_steps_match
 
 from builder.options import PRECISION_DEFAULTS
 

@@ -14,7 +14,7 @@ import transformers
 from fake_quant import fake_quantize_model
 from helpers import GENAI_PROMPT, build, make_checkpoint, relative_error
 from safetensors.numpy import load_file, save_file
-from test_family_lfm2 import (PROMPT, STEPS, assert_ragged_batch_matches, assert_steps_match, onnx_steps,
+from family_runner import (PROMPT, STEPS, assert_ragged_batch_matches, assert_steps_match, onnx_steps,
                               reference_steps)
 from test_family_moe import fake_quantize_experts
 from test_family_moe2 import ROUTER_SCALE

@@ -15,7 +15,7 @@ import torch
 import transformers
 from helpers import GENAI_PROMPT, build, make_checkpoint
 from safetensors.numpy import load_file, save_file
-from test_family_lfm2 import PROMPT, assert_ragged_batch_matches, assert_steps_match
+from family_runner import PROMPT, assert_ragged_batch_matches, assert_steps_match
 from test_family_moe import fake_quantize_experts
 from test_family_moe2 import ROUTER_SCALE
 
@@ -112,7 +112,7 @@ def test_an_infinite_limit_as_the_hub_spells_it(tmp_path):
 def test_fp16_prefill_and_decode_close_to_transformers(source, tmp_path):
     # fp16 activations, the SSM state float32 (as transformers keeps it).
     from helpers import relative_error
-    from test_family_lfm2 import onnx_steps, reference_steps
+    from family_runner import onnx_steps, reference_steps
 
     out = build(source, tmp_path / "out", "-p", "fp16")
     want, fed = reference_steps(load(source), PROMPT, STEPS)

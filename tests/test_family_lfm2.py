@@ -14,7 +14,9 @@ import transformers
 from fake_quant import cosine, fake_quantize_model
 from helpers import GENAI_PROMPT, build, make_checkpoint, relative_error
 from safetensors.numpy import load_file, save_file
-from test_genai import MAX_LENGTH, assert_same_greedy
+from family_runner import (PROMPT, STEPS, assert_ragged_batch_matches, assert_steps_match, load, onnx_steps,
+                           reference_steps)
+from test_genai import assert_same_greedy
 
 from builder.options import PRECISION_DEFAULTS
 
@@ -26,8 +28,6 @@ CONFIG = dict(
     initializer_range=0.1,  # varied greedy continuations (at 0.02 the tiny model repeats one token)
     layer_types=["conv", "full_attention", "conv", "conv"], eos_token_id=255,
 )
-PROMPT = [5, 17, 33, 12, 99, 100, 7, 8, 61, 42]  # longer than the kernel
-STEPS = 4
 
 
 def make(folder, **overrides):
@@ -46,61 +46,8 @@ def source(tmp_path_factory):
     return make(tmp_path_factory.mktemp("lfm2"))
 
 
-def onnx_steps(folder, ids, next_ids):
-    """ONNX Runtime's logits for a prefill of `ids`, then one decode step per id of `next_ids`, each
-    fed every present state (KV and conv) of the step before; the first past states are what
-    onnxruntime-genai allocates: empty KV, zero conv states of the declared shape."""
-    session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
-    inputs = {i.name: i for i in session.get_inputs()}
-    names = [o.name for o in session.get_outputs()]
-    state = {}
-    for name, i in inputs.items():
-        if name.startswith("past"):
-            shape = [1 if d == "batch_size" else 0 if isinstance(d, str) else d for d in i.shape]
-            state[name] = np.zeros(shape, np.float16 if i.type == "tensor(float16)" else np.float32)
-    results, total = [], 0
-    for chunk in [ids, *([t] for t in next_ids)]:
-        total += len(chunk)
-        feed = {"input_ids": np.array([chunk], np.int64), "attention_mask": np.ones((1, total), np.int64), **state}
-        outs = dict(zip(names, session.run(None, feed)))
-        results.append(outs["logits"][0].astype(np.float32))
-        state = {n.replace("present", "past_key_values", 1) if n.endswith(("key", "value")) else
-                 n.replace("present", "past", 1): v for n, v in outs.items() if n.startswith("present")}
-    return results
-
-
-def reference_steps(model, ids, steps):
-    """transformers' logits for a prefill, then `steps` greedy decode steps with its cache; the ids fed."""
-    with torch.no_grad():
-        out = model(torch.tensor([ids]), use_cache=True)
-        results, fed = [out.logits[0].numpy()], []
-        for _ in range(steps):
-            fed.append(int(out.logits[0, -1].argmax()))
-            out = model(torch.tensor([[fed[-1]]]), past_key_values=out.past_key_values, use_cache=True)
-            results.append(out.logits[0].numpy())
-    return results, fed
-
-
-def assert_steps_match(out, model, ids=PROMPT, tolerance=1e-4, min_cosine=None):
-    """Prefill of `ids` and STEPS decode steps (every state fed back) against `model`'s."""
-    want, fed = reference_steps(model, ids, STEPS)
-    for step, (g, w) in enumerate(zip(onnx_steps(out, ids, fed), want)):
-        assert relative_error(g, w) < tolerance, f"step {step}: relative error {relative_error(g, w):.2e}"
-        assert (g.argmax(-1) == w.argmax(-1)).all(), f"step {step}: argmax differs"
-        assert min_cosine is None or cosine(g, w) > min_cosine, f"step {step}: cosine {cosine(g, w)}"
-
-
-def load(source):
-    return transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
-
-
 def test_fp32_prefill_and_decode_match_transformers(source, tmp_path):
-    out = build(source, tmp_path / "out", "-p", "fp32")
-    want, fed = reference_steps(load(source), PROMPT, STEPS)
-    got = onnx_steps(out, PROMPT, fed)
-    for step, (g, w) in enumerate(zip(got, want)):
-        assert relative_error(g, w) < 1e-4, f"step {step}: relative error {relative_error(g, w):.2e}"
-        assert (g.argmax(-1) == w.argmax(-1)).all(), f"step {step}: argmax differs"
+    assert_steps_match(build(source, tmp_path / "out", "-p", "fp32"), load(source))
 
 
 def test_prompt_shorter_than_the_kernel(source, tmp_path):
@@ -147,18 +94,6 @@ def test_state_contract(source, tmp_path):
 
 def test_genai_greedy_matches_transformers(source, tmp_path):
     assert_same_greedy(build(source, tmp_path / "out", "-p", "fp32"), source, GENAI_PROMPT)
-
-
-RAGGED = [[7, 3, 11, 19, 23, 29, 31, 37, 41, 43, 47], [5, 17, 33, 12, 99]]
-
-
-def assert_ragged_batch_matches(out, model):
-    """onnxruntime-genai's greedy generation of RAGGED as one right-padded batch equals `model`'s,
-    row by row (a row's state must be its last real token's, not the padding's)."""
-    from test_sliding_windows import assert_rows_match, genai_generate
-
-    generated = genai_generate(out, RAGGED, MAX_LENGTH)
-    assert_rows_match(model, RAGGED, generated, MAX_LENGTH - max(map(len, RAGGED)))
 
 
 def test_genai_batch_of_different_lengths_matches_transformers(source, tmp_path):

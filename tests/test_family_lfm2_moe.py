@@ -15,7 +15,7 @@ import torch
 import transformers
 from helpers import GENAI_PROMPT, PROMPT, build, make_checkpoint
 from safetensors.numpy import load_file, save_file
-from test_family_lfm2 import assert_ragged_batch_matches, assert_steps_match
+from family_runner import assert_ragged_batch_matches, assert_steps_match
 from test_family_moe import fake_quantize_experts
 from test_genai import assert_same_greedy
 

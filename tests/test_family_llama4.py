@@ -9,7 +9,7 @@ import torch
 import transformers
 from helpers import GENAI_PROMPT, build, make_checkpoint
 from safetensors.numpy import load_file, save_file
-from test_family_lfm2 import assert_ragged_batch_matches, assert_steps_match
+from family_runner import assert_ragged_batch_matches, assert_steps_match
 
 # 4 layers: rotary + chunked (chunks of 8 tokens) except layer 2 (no rotary, global, temperature
 # with floor_scale 8); experts on layers 1 and 3 (4 of them, top 1, beside the shared expert),

@@ -12,7 +12,7 @@ import torch
 import transformers
 from fake_quant import cosine, fake_quantize_model
 from helpers import build, make_checkpoint, relative_error
-from test_family_lfm2 import assert_ragged_batch_matches, onnx_steps, reference_steps
+from family_runner import assert_ragged_batch_matches, onnx_steps, reference_steps
 
 from builder.options import PRECISION_DEFAULTS
 

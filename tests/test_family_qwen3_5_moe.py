@@ -14,7 +14,7 @@ import torch
 import transformers
 from helpers import GENAI_PROMPT, build, make_checkpoint
 from safetensors.numpy import load_file, save_file
-from test_family_lfm2 import assert_steps_match
+from family_runner import assert_steps_match
 from test_family_moe import fake_quantize_experts
 
 import architectures
@@ -208,7 +208,7 @@ def test_qwen3_next_config_matches_transformers():
 
 def test_genai_batch_of_different_lengths_matches_transformers(source, tmp_path):
     # genai pads the shorter row on the right: its states must stop at its last real token.
-    from test_family_lfm2 import assert_ragged_batch_matches
+    from family_runner import assert_ragged_batch_matches
 
     out = build(source, tmp_path / "out", "-p", "fp32")
     assert_ragged_batch_matches(out, load(source))

@@ -142,7 +142,8 @@ def test_right_padded_batch_matches_transformers(llama):
 
 
 def test_hybrid_right_padded_batch_matches_transformers(tmp_path):
-    from test_family_lfm2 import assert_ragged_batch_matches, make
+    from family_runner import assert_ragged_batch_matches
+    from test_family_lfm2 import make
 
     source = make(tmp_path / "src")
     out = build(source, tmp_path / "out", "-p", "fp32", "--prune-lm-head")

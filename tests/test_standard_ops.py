@@ -60,8 +60,8 @@ def test_int4_matches_the_same_rounding(family, tmp_path, capsys):
 
 
 def test_genai_generates_what_transformers_generates(family, tmp_path):
-    from test_family_lfm2 import assert_ragged_batch_matches
-    from test_family_lfm2 import load
+    from family_runner import assert_ragged_batch_matches
+    from family_runner import load
 
     name, source = family
     out = build(source, tmp_path / "out", "-p", "fp32", "--standard-ops")

@@ -1,0 +1,194 @@
+"""The proofs every decoder family takes, run from one place.
+
+A family's test module declares its tiny checkpoint and what it has, and takes the shared proofs:
+
+    globals().update(family_tests(FamilyTest("ArceeForCausalLM", "ArceeConfig", VARIANTS, ...)))
+
+which defines, for each variant (a module-scoped checkpoint):
+- test_fp32_matches_transformers: ONNX Runtime's prefill and decode steps, every state fed back
+  (KV, conv, recurrent), against transformers' logits with its own cache;
+- test_int4_matches_same_rounding: an int4 build (accuracy level 0: float32 arithmetic) against
+  transformers with every Linear rounded as the build rounds it, over the same steps;
+- test_fp16_bounded (where `fp16_tolerance` is given): an fp16 build within that of transformers' fp32;
+- test_genai_greedy_matches_transformers: onnxruntime-genai's greedy tokens, the model type it reads,
+  and (`ragged`) a right-padded batch of prompts of different lengths, row by row;
+- test_config_matches_transformers: `parse_config` of each of `config_raws` against transformers'
+  config class, field by field, rope parameters included.
+
+Special features keep their own failing-before tests beside these, in the family's module.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+import transformers
+from conftest import TINY
+from fake_quant import cosine, fake_quantize_model
+from helpers import GENAI_PROMPT, PROMPT, build, make_checkpoint, relative_error
+from test_genai import MAX_LENGTH, assert_same_greedy
+
+import architectures
+from builder.options import PRECISION_DEFAULTS
+
+STEPS = 4
+RAGGED = [[7, 3, 11, 19, 23, 29, 31, 37, 41, 43, 47], [5, 17, 33, 12, 99]]
+CONFIG_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "hidden_act", "max_position_embeddings", "tie_word_embeddings",
+                 "bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def onnx_steps(folder, ids, next_ids):
+    """ONNX Runtime's logits for a prefill of `ids`, then one decode step per id of `next_ids`, each
+    fed every present state (KV and conv) of the step before; the first past states are what
+    onnxruntime-genai allocates: empty KV, zero conv states of the declared shape."""
+    session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    inputs = {i.name: i for i in session.get_inputs()}
+    names = [o.name for o in session.get_outputs()]
+    state = {}
+    for name, i in inputs.items():
+        if name.startswith("past"):
+            shape = [1 if d == "batch_size" else 0 if isinstance(d, str) else d for d in i.shape]
+            state[name] = np.zeros(shape, np.float16 if i.type == "tensor(float16)" else np.float32)
+    results, total = [], 0
+    for chunk in [ids, *([t] for t in next_ids)]:
+        total += len(chunk)
+        feed = {"input_ids": np.array([chunk], np.int64), "attention_mask": np.ones((1, total), np.int64), **state}
+        outs = dict(zip(names, session.run(None, feed)))
+        results.append(outs["logits"][0].astype(np.float32))
+        state = {n.replace("present", "past_key_values", 1) if n.endswith(("key", "value")) else
+                 n.replace("present", "past", 1): v for n, v in outs.items() if n.startswith("present")}
+    return results
+
+
+def reference_steps(model, ids, steps):
+    """transformers' logits for a prefill, then `steps` greedy decode steps with its cache; the ids fed."""
+    with torch.no_grad():
+        out = model(torch.tensor([ids]), use_cache=True)
+        results, fed = [out.logits[0].numpy()], []
+        for _ in range(steps):
+            fed.append(int(out.logits[0, -1].argmax()))
+            out = model(torch.tensor([[fed[-1]]]), past_key_values=out.past_key_values, use_cache=True)
+            results.append(out.logits[0].numpy())
+    return results, fed
+
+
+def assert_steps_match(out, model, ids=PROMPT, tolerance=1e-4, min_cosine=None):
+    """Prefill of `ids` and STEPS decode steps (every state fed back) against `model`'s."""
+    want, fed = reference_steps(model, ids, STEPS)
+    for step, (g, w) in enumerate(zip(onnx_steps(out, ids, fed), want)):
+        assert relative_error(g, w) < tolerance, f"step {step}: relative error {relative_error(g, w):.2e}"
+        assert (g.argmax(-1) == w.argmax(-1)).all(), f"step {step}: argmax differs"
+        assert min_cosine is None or cosine(g, w) > min_cosine, f"step {step}: cosine {cosine(g, w)}"
+
+
+def assert_ragged_batch_matches(out, model):
+    """onnxruntime-genai's greedy generation of RAGGED as one right-padded batch equals `model`'s,
+    row by row (a row's state must be its last real token's, not the padding's)."""
+    from test_sliding_windows import assert_rows_match, genai_generate
+
+    generated = genai_generate(out, RAGGED, MAX_LENGTH)
+    assert_rows_match(model, RAGGED, generated, MAX_LENGTH - max(map(len, RAGGED)))
+
+
+def load(source):
+    return transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+
+
+def _strip_type(rope: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if rope is None else {k: v for k, v in rope.items() if k != "type"}
+
+
+@dataclass(frozen=True)
+class FamilyTest:
+    """A family's tiny checkpoints and the proofs they take.
+
+    `variants`: name -> config.json overrides of `base`, each a checkpoint every proof runs on;
+    `make(folder, config)` writes one (default: transformers' random weights of `config_class`);
+    `genai_type`: genai_config.json's model type (None: onnxruntime-genai does not run the family,
+    no genai proof); `genai_variant`: the variant genai greedy runs (default: the first);
+    `config_raws`: config.json texts (the hub's spellings) compared with transformers' config on
+    `config_fields` and the rope parameters."""
+
+    architecture: str
+    config_class: str
+    variants: dict[str, dict[str, Any]]
+    base: dict[str, Any] = field(default_factory=lambda: dict(TINY))
+    make: Callable[[Path, dict[str, Any]], Any] | None = None
+    tolerance: float = 1e-4
+    fp16_tolerance: float | None = None
+    genai_type: str | None = "llama"
+    genai_variant: str | None = None
+    ragged: bool = False
+    config_raws: tuple[dict[str, Any], ...] = ({},)
+    config_fields: tuple[str, ...] = CONFIG_FIELDS
+
+    def checkpoint(self, folder: Path, variant: str, **more: Any) -> Path:
+        config = {**self.base, **self.variants[variant], **more}
+        if self.make is not None:
+            self.make(folder, config)
+        else:
+            make_checkpoint(folder, self.config_class, **config)
+        return folder
+
+
+def family_tests(spec: FamilyTest) -> dict[str, Any]:
+    """The shared proofs of `spec`'s family, as module globals pytest collects (see the module's doc)."""
+
+    @pytest.fixture(scope="module", params=sorted(spec.variants))
+    def family_checkpoint(request, tmp_path_factory):
+        return spec.checkpoint(tmp_path_factory.mktemp(request.param), request.param)
+
+    def test_fp32_matches_transformers(family_checkpoint, tmp_path):
+        out = build(family_checkpoint, tmp_path / "out", "-p", "fp32")
+        assert_steps_match(out, load(family_checkpoint), tolerance=spec.tolerance)
+
+    def test_int4_matches_same_rounding(family_checkpoint, tmp_path):
+        out = build(family_checkpoint, tmp_path / "out", "-p", "int4", "--accuracy-level", "0")
+        model = load(family_checkpoint)
+        int4 = PRECISION_DEFAULTS["int4"]  # what the build does when not told
+        fake_quantize_model(model, 4, 32, int4["symmetric"], method=int4["quant_method"])
+        want, fed = reference_steps(model, PROMPT, STEPS)
+        for step, (g, w) in enumerate(zip(onnx_steps(out, PROMPT, fed), want)):
+            assert cosine(g, w) > 0.999 and relative_error(g, w) < max(spec.tolerance, 1e-4), f"step {step}"
+
+    def test_fp16_bounded(tmp_path):
+        source = spec.checkpoint(tmp_path / "src", sorted(spec.variants)[0])
+        want, fed = reference_steps(load(source), PROMPT, STEPS)
+        got = onnx_steps(build(source, tmp_path / "out", "-p", "fp16"), PROMPT, fed)
+        for step, (g, w) in enumerate(zip(got, want)):
+            assert np.isfinite(g).all() and relative_error(g, w) < spec.fp16_tolerance, f"step {step}"
+
+    def test_genai_greedy_matches_transformers(tmp_path):
+        source = spec.checkpoint(tmp_path / "src", spec.genai_variant or sorted(spec.variants)[0], eos_token_id=255)
+        out = build(source, tmp_path / "out", "-p", "fp32")
+        assert json.loads((out / "genai_config.json").read_text())["model"]["type"] == spec.genai_type
+        assert_same_greedy(out, source, GENAI_PROMPT)
+        if spec.ragged:
+            assert_ragged_batch_matches(out, load(source))
+
+    @pytest.mark.parametrize("raw", spec.config_raws)
+    def test_config_matches_transformers(raw):
+        ours = architectures.load(spec.architecture).parse_config(dict(raw, architectures=[spec.architecture]),
+                                                                  spec.architecture)
+        theirs = getattr(transformers, spec.config_class)(**raw)
+        for name in spec.config_fields:
+            assert getattr(ours, name) == getattr(theirs, name), name
+        assert _strip_type(ours.rope_parameters) == _strip_type(getattr(theirs, "rope_parameters", None))
+
+    tests = {"family_checkpoint": family_checkpoint, "test_fp32_matches_transformers": test_fp32_matches_transformers,
+             "test_int4_matches_same_rounding": test_int4_matches_same_rounding,
+             "test_config_matches_transformers": test_config_matches_transformers}
+    if spec.fp16_tolerance is not None:
+        tests["test_fp16_bounded"] = test_fp16_bounded
+    if spec.genai_type is not None:
+        tests["test_genai_greedy_matches_transformers"] = test_genai_greedy_matches_transformers
+    return tests
