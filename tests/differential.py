@@ -318,6 +318,20 @@ def _from_maker(name: str, module: str, config_class: str, layer_lists: bool = T
     return Base(name, config_class, dict(m.CONFIG), lambda folder, config: m.make(folder, **config), layer_lists)
 
 
+def _from_runner() -> list[Base]:
+    """A base per variant of every family test on tests/family_runner.py (each test_family_*
+    module imported), named `{family}-{variant}`."""
+    import importlib
+
+    import family_runner
+
+    for path in sorted(Path(__file__).parent.glob("test_family_*.py")):
+        importlib.import_module(path.stem)
+    return [Base(f"{spec.family}-{name}", spec.config_class, {**spec.base, "eos_token_id": 255, **overrides},
+                 spec.make, layer_lists=spec.layer_lists)
+            for spec in family_runner.SPECS for name, overrides in spec.variants.items()]
+
+
 def bases() -> list[Base]:
     """One or more bases per family: the tiny configs its parity tests prove, features on."""
     from conftest import TINY
@@ -354,12 +368,7 @@ def bases() -> list[Base]:
                         layer_lists=True))
     out.append(Base("gpt_oss", "GptOssConfig", dict(__import__("test_family_gptoss").CONFIG), layer_lists=True))
     out.append(Base("ernie4_5_moe", "Ernie4_5_MoeConfig", dict(__import__("test_family_erniemoe").CONFIG)))
-    apertus = __import__("test_family_apertus")
-    out += [Base(f"apertus-{n}", "ApertusConfig", {**TINY, "eos_token_id": 255, **v},
-                 lambda folder, config: apertus.apertus_checkpoint(folder, **config), layer_lists=True)
-                for n, v in apertus.VARIANTS.items()]
-    out += [Base(f"arcee-{n}", "ArceeConfig", {**TINY, "eos_token_id": 255, **v})
-            for n, v in __import__("test_family_arcee").VARIANTS.items()]
+    out += _from_runner()
     import test_family_qwen3_5 as q35
     import test_family_qwen3_5_moe as q35m
 

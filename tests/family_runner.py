@@ -70,13 +70,17 @@ def onnx_steps(folder, ids, next_ids):
 
 
 def reference_steps(model, ids, steps):
-    """transformers' logits for a prefill, then `steps` greedy decode steps with its cache; the ids fed."""
+    """transformers' logits for a prefill, then `steps` greedy decode steps with its cache; the ids fed.
+    Each step gets its position, as generate() gives it: Bamba's model counts positions from 0
+    without them (its decode step then differs from its own full forward by 3.0 on a tiny model)."""
     with torch.no_grad():
         out = model(torch.tensor([ids]), use_cache=True)
         results, fed = [out.logits[0].numpy()], []
         for _ in range(steps):
             fed.append(int(out.logits[0, -1].argmax()))
-            out = model(torch.tensor([[fed[-1]]]), past_key_values=out.past_key_values, use_cache=True)
+            position = torch.tensor([[len(ids) + len(fed) - 1]])
+            out = model(torch.tensor([[fed[-1]]]), past_key_values=out.past_key_values, position_ids=position,
+                        use_cache=True)
             results.append(out.logits[0].numpy())
     return results, fed
 
@@ -116,7 +120,9 @@ class FamilyTest:
     `genai_type`: genai_config.json's model type (None: onnxruntime-genai does not run the family,
     no genai proof); `genai_variant`: the variant genai greedy runs (default: the first);
     `config_raws`: config.json texts (the hub's spellings) compared with transformers' config on
-    `config_fields` and the rope parameters."""
+    `config_fields` and the rope parameters; `layer_lists`: the config holds per-layer lists or
+    indices (tests/differential.py then keeps the layer count). `name` prefixes the variants'
+    names as differential bases (default: the config class's, lowercased, without "Config")."""
 
     architecture: str
     config_class: str
@@ -130,6 +136,12 @@ class FamilyTest:
     ragged: bool = False
     config_raws: tuple[dict[str, Any], ...] = ({},)
     config_fields: tuple[str, ...] = CONFIG_FIELDS
+    layer_lists: bool = False
+    name: str | None = None
+
+    @property
+    def family(self) -> str:
+        return self.name or self.config_class.removesuffix("Config").lower()
 
     def checkpoint(self, folder: Path, variant: str, **more: Any) -> Path:
         config = {**self.base, **self.variants[variant], **more}
@@ -140,8 +152,14 @@ class FamilyTest:
         return folder
 
 
+# Every FamilyTest declared, in the order the modules were imported: tests/differential.py draws
+# its random configs around each variant too.
+SPECS: list[FamilyTest] = []
+
+
 def family_tests(spec: FamilyTest) -> dict[str, Any]:
     """The shared proofs of `spec`'s family, as module globals pytest collects (see the module's doc)."""
+    SPECS.append(spec)
 
     @pytest.fixture(scope="module", params=sorted(spec.variants))
     def family_checkpoint(request, tmp_path_factory):
