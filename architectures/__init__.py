@@ -10,11 +10,11 @@ import importlib
 import pkgutil
 
 from builder.errors import BuildError
-from builder.family import FAMILIES, Family
+from builder.family import FAMILIES, Family, ModelType
 from builder.package import PACKAGES as _REGISTERED_PACKAGES
 from builder.package import PackageBuilder
 
-__all__ = ["ALIASES", "ARCHITECTURES", "PACKAGES", "BuildError", "canonical", "families", "load", "load_package"]
+__all__ = ["ALIASES", "ARCHITECTURES", "MODEL_TYPES", "PACKAGES", "BuildError", "canonical", "families", "load", "load_package"]
 
 
 def _import_all() -> None:
@@ -28,6 +28,11 @@ _import_all()
 _BY_ARCHITECTURE: dict[str, Family] = {a: f for f in FAMILIES.values() for a in f.architectures}
 # ... and the module (architectures/<name>.py) that declares it: what --list-architectures prints.
 ARCHITECTURES: dict[str, str] = {a: f.name for a, f in _BY_ARCHITECTURE.items()}
+# The hub's model_types that transformers builds with one of a family's rows (Family.model_types):
+# model_type -> (the row's architecture, what renames its keys and tensors).
+MODEL_TYPES: dict[str, tuple[str, ModelType]] = {
+    model_type: (alias.architecture, alias) for f in FAMILIES.values() for model_type, alias in f.model_types.items()
+}
 # Architectures whose checkpoints hold more than a decoder -> what builds the rest, registered by
 # the module that defines it (builder.package.register_package).
 PACKAGES: dict[str, PackageBuilder] = dict(_REGISTERED_PACKAGES)

@@ -15,7 +15,7 @@ from builder.architecture import Weights, attention_weights
 from builder.blocks import AttentionSpec, gated_mlp, self_attention
 from builder.blocks.attention_positions import attention_temperature
 from builder.decoder_config import DecoderConfig
-from builder.family import Decoder, Family, parse, register
+from builder.family import Decoder, Family, ModelType, parse, register
 
 QWEN = dict(vocab_size=151936, intermediate_size=22016, num_key_value_heads=32, max_position_embeddings=32768,
             bos_token_id=None, eos_token_id=None, use_sliding_window=False, sliding_window=4096, max_window_layers=28)
@@ -39,6 +39,39 @@ VARIANTS: dict[str, dict[str, Any]] = {
         num_attention_heads=16, num_key_value_heads=2, head_dim=128, max_position_embeddings=131072,
         rms_norm_eps=1e-5, pad_token_id=0, eos_token_id=2, tie_word_embeddings=True, default_theta=500_000.0,
     ),
+    # The hub's model types transformers builds as Llama (MODEL_TYPES below), each with its config
+    # class's defaults: InternLM3, IQuest-Coder, EXAONE 3.
+    "InternLM3ForCausalLM": dict(
+        model_type="internlm3", vocab_size=128512, intermediate_size=10240, num_hidden_layers=48,
+        num_key_value_heads=2, head_dim=128, max_position_embeddings=32768, rms_norm_eps=1e-5, pad_token_id=2,
+    ),
+    "IQuestCoderForCausalLM": dict(
+        model_type="iquestcoder", vocab_size=76800, hidden_size=5120, intermediate_size=27648, num_hidden_layers=80,
+        num_attention_heads=40, num_key_value_heads=8, head_dim=128, max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+    ),
+    "ExaoneForCausalLM": dict(
+        model_type="exaone", vocab_size=102400, intermediate_size=14336, num_key_value_heads=8,
+        max_position_embeddings=4096, rms_norm_eps=1e-5, pad_token_id=0, eos_token_id=361, default_theta=500_000.0,
+    ),
+}
+# config.json's model_type -> the row transformers 5.25 builds it as (models/auto: LlamaForCausalLM),
+# with its config class's attribute_map and its conversion rules (conversion_mapping.py) as data.
+MODEL_TYPES: dict[str, ModelType] = {
+    "internlm3": ModelType("InternLM3ForCausalLM", keys={"qkv_bias": "attention_bias", "bias": "mlp_bias"}),
+    "iquestcoder": ModelType("IQuestCoderForCausalLM"),
+    "exaone": ModelType(
+        "ExaoneForCausalLM",
+        keys={"num_layers": "num_hidden_layers", "layer_norm_epsilon": "rms_norm_eps",
+              "activation_function": "hidden_act"},
+        renames=(
+            (r"^transformer\.wte\.", "model.embed_tokens."), (r"^transformer\.h\.", "model.layers."),
+            (r"^transformer\.ln_f\.", "model.norm."), (r"\.attn\.attention\.", ".self_attn."),
+            (r"\.self_attn\.out_proj\.", ".self_attn.o_proj."), (r"\.ln_1\.", ".input_layernorm."),
+            (r"\.ln_2\.", ".post_attention_layernorm."), (r"\.mlp\.c_fc_0\.", ".mlp.gate_proj."),
+            (r"\.mlp\.c_fc_1\.", ".mlp.up_proj."), (r"\.mlp\.c_proj\.", ".mlp.down_proj."),
+        ),
+    ),
 }
 
 # What each modeling file fixes whatever config.json says: Llama has no window (its config ignores
@@ -50,6 +83,8 @@ STRUCTURE: dict[str, dict[str, Any]] = {
     # onnxruntime-genai 0.18 knows no "seed_oss": the same contract as Llama's (a plain decoder).
     "SeedOssForCausalLM": dict(model_type="llama"),
     "Ernie4_5ForCausalLM": dict(rotary_interleaved=True, attention_bias=False, mlp_bias=False),
+    **{row: dict(sliding_window=None, model_type="llama") for row in ("InternLM3ForCausalLM", "IQuestCoderForCausalLM",
+                                                                      "ExaoneForCausalLM")},
 }
 
 
@@ -142,8 +177,9 @@ def query_temperature(d: Decoder):
 
 FAMILY = register(Family(
     "llama", LlamaConfig, decoder_layer, VARIANTS, structure=STRUCTURE, parser=parse_config, prepare=query_temperature,
+    model_types=MODEL_TYPES,
     # Older checkpoints saved the rotary buffer; it is recomputed from the config.
     ignored=("model.layers.*.self_attn.rotary_emb.inv_freq",),
 ))
 
-__all__ = ["FAMILY", "STRUCTURE", "VARIANTS", "LlamaConfig", "decoder_layer", "mlp", "parse_config"]
+__all__ = ["FAMILY", "MODEL_TYPES", "STRUCTURE", "VARIANTS", "LlamaConfig", "decoder_layer", "mlp", "parse_config"]

@@ -176,6 +176,19 @@ def whole_head_rotary(rope: dict[str, Any], architecture: str) -> dict[str, Any]
 
 
 @dataclass(frozen=True)
+class ModelType:
+    """Another name on the hub for one of a family's rows: a `model_type` transformers builds with
+    that row's class (InternLM3 and EXAONE 3 as Llama), from config.json keys of its own config
+    class (`keys`: its attribute_map, the hub's key -> the one the family reads) and tensors of its
+    own names (`renames`: its conversion rules, (regex, replacement) over the stored names, in
+    order). `architecture` is the family's row for it (its config class's defaults, in `variants`)."""
+
+    architecture: str
+    keys: dict[str, str] = field(default_factory=dict)
+    renames: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
 class Family:
     """A decoder family: its architectures (`variants`: architecture -> transformers' config
     defaults for it), config dataclass, layer, and the hooks it changes around the shared body.
@@ -188,6 +201,8 @@ class Family:
     (Phi, StableLM, GLM, Qwen3.5); the others rotate the whole head whatever it says (their own
     compute_default_rope_parameters ignores it: whole_head_rotary), so `parse` drops it, or refuses
     it with a scaled rope, which transformers cannot run.
+    `model_types`: the hub's `model_type`s that transformers maps onto one of its rows (ModelType);
+    config.json's model_type selects the row whatever its `architectures` says.
     `weights`/`prefix`: how a layer's tensors are read (`{prefix}layers.{i}.`), a callable taking
     the Decoder where the prefix depends on the checkpoint. `layer` None: the shared body does not
     build this family's decoder; its package records it (builder.package.Package.decoder: Whisper's
@@ -201,6 +216,7 @@ class Family:
     ignored: tuple[str, ...] = ()
     quant_methods: tuple[str, ...] = ()
     partial_rotary: bool = False
+    model_types: dict[str, ModelType] = field(default_factory=dict)
     parser: Callable[[Family, dict[str, Any], str], Any] = parse
     rotary: Callable[[Decoder], RotaryTables] = rotary
     prepare: Callable[[Decoder], Any] | None = None
@@ -221,7 +237,14 @@ class Family:
         architectures (Ministral on Llama's) says only what differs."""
         return dataclasses.replace(self, **changes)
 
+    def renames(self, architecture: str) -> tuple[tuple[str, str], ...]:
+        """The tensor renames of `architecture`'s row (a ModelType's), () for the family's own names."""
+        return next((a.renames for a in self.model_types.values() if a.architecture == architecture), ())
+
     def parse_config(self, raw: dict[str, Any], architecture: str) -> Any:
+        for alias in self.model_types.values():  # the hub's keys of another config class, renamed
+            if alias.architecture == architecture and alias.keys:
+                raw = {alias.keys.get(k, k): v for k, v in raw.items()}
         return self.parser(self, raw, architecture)
 
     def build(self, g: Graph, io: DecoderIO, ckpt: Checkpoint, c: Any,
@@ -259,5 +282,5 @@ def register(family: Family) -> Family:
     return family
 
 
-__all__ = ["FAMILIES", "Decoder", "Family", "conv_padding", "embed", "final_norm", "logits", "parse", "register", "rms_stream",
+__all__ = ["FAMILIES", "Decoder", "Family", "ModelType", "conv_padding", "embed", "final_norm", "logits", "parse", "register", "rms_stream",
            "rotary", "rotary_by_layer_type", "tied_vocabulary"]

@@ -26,6 +26,7 @@ from builder.graph import Graph
 from builder.hub import TOKENIZER_FILES
 from builder.inputs.lora import Adapter, with_adapter
 from builder.inputs.read import read_input
+from builder.inputs.renamed import RenamedCheckpoint
 from builder.inputs.source import Checkpoint, Source
 from builder.io import DecoderIO
 from builder.kv_cache import read_scales
@@ -107,7 +108,10 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     known = name in architectures.ARCHITECTURES
     inp.check_quantization(architectures.load(name).quant_methods if known else ())
     family = architectures.load(name)
-    checkpoint, adapter = with_adapter(inp.open_checkpoint(), options)
+    checkpoint = inp.open_checkpoint()
+    if family.renames(name):  # the hub's other names for the family's tensors
+        checkpoint = RenamedCheckpoint(checkpoint, family.renames(name))
+    checkpoint, adapter = with_adapter(checkpoint, options)
     check_layer_count(raw, checkpoint.tensors)  # before the config makes anything per layer
     config = family.parse_config(raw, name)
     check_sizes_fit(config, checkpoint.tensors)
@@ -146,12 +150,15 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
 
 
 def _architecture(raw: dict, config_path: Path) -> str:
-    """config.json's first architecture, as the registry names it; refused when malformed or when
-    it needs the checkpoint's own code."""
+    """config.json's first architecture, as the registry names it (or the row its model_type maps to,
+    Family.model_types); refused when malformed or when it needs the checkpoint's own code."""
     given = raw.get("architectures")
     if not (isinstance(given, list) and given and all(isinstance(n, str) for n in given)):
         raise BuildError(f"{config_path}: 'architectures' must be a list of class names (transformers' model "
                          f"classes), got {json.dumps(given)[:80]}")
+    model_type = raw.get("model_type")
+    if isinstance(model_type, str) and model_type in architectures.MODEL_TYPES:  # the class transformers maps it to
+        return architectures.MODEL_TYPES[model_type][0]
     name = architectures.canonical(given[0])
     if raw.get("auto_map") and name not in architectures.ARCHITECTURES:
         raise BuildError(
