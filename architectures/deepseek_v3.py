@@ -46,7 +46,7 @@ from builder.blocks.attention import group_query_attention
 from builder.blocks.linear import linear
 from builder.blocks.moe import grouped_softmax_router
 from builder.blocks.norm import rms_norm
-from builder.family import Decoder, Family, register
+from builder.family import Decoder, Family, ModelType, register
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "DeepseekV3ForCausalLM": dict(
@@ -65,8 +65,20 @@ VARIANTS: dict[str, dict[str, Any]] = {
 # genai 0.18 has no deepseek_v2/v3 type; the latent cache is a plain one-head KV cache to it.
 # DeepSeek-V2's modeling file rotates interleaved pairs always, ignores norm_topk_prob and has no
 # next-token layers.
+# config.json's model_type sarvam_mla (sarvamai/sarvam-105b) -> the row transformers 5.25 builds as
+# DeepseekV3ForCausalLM: SarvamMLAConfig's defaults, its attribute_map; the tensors are DeepSeek's.
+VARIANTS["SarvamMLAForCausalLM"] = {
+    **VARIANTS["DeepseekV3ForCausalLM"], "model_type": "sarvam_mla", "vocab_size": 262144, "hidden_size": 4096,
+    "intermediate_size": 16384, "num_hidden_layers": 32, "num_attention_heads": 64, "num_key_value_heads": 64,
+    "n_routed_experts": 128, "q_lora_rank": None, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1,
+    "num_nextn_predict_layers": 0,
+}
+MODEL_TYPES: dict[str, ModelType] = {"sarvam_mla": ModelType("SarvamMLAForCausalLM", keys={
+    "num_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts", "num_mtp_layers": "num_nextn_predict_layers",
+})}
 STRUCTURE: dict[str, dict[str, Any]] = {
     "DeepseekV3ForCausalLM": dict(model_type="llama", sliding_window=None, topk_method="noaux_tc"),
+    "SarvamMLAForCausalLM": dict(model_type="llama", sliding_window=None, topk_method="noaux_tc"),
     "DeepseekV2ForCausalLM": dict(model_type="llama", sliding_window=None, rope_interleave=True,
                                   norm_topk_prob=False, num_nextn_predict_layers=0),
 }
@@ -222,7 +234,7 @@ def decoder_layer(d: Decoder, w: Weights, i: int):
 
 FAMILY = register(Family(
     "deepseek_v3", DeepseekV3Config, decoder_layer, VARIANTS, structure=STRUCTURE, rotary=latent_rotary,
-    prepare=skip_next_token_layers, ignored=("model.layers.*.self_attn.rotary_emb.inv_freq",),
+    prepare=skip_next_token_layers, ignored=("model.layers.*.self_attn.rotary_emb.inv_freq",), model_types=MODEL_TYPES,
 ))
 
-__all__ = ["FAMILY", "STRUCTURE", "VARIANTS", "DeepseekV3Config", "decoder_layer"]
+__all__ = ["FAMILY", "MODEL_TYPES", "STRUCTURE", "VARIANTS", "DeepseekV3Config", "decoder_layer"]

@@ -16,6 +16,7 @@ Reference: transformers/models/glm4_moe/modeling_glm4_moe.py. Llama's layer with
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,19 +25,37 @@ from builder.architecture import Weights, attention_weights
 from builder.blocks import AttentionSpec
 from builder.blocks.moe import grouped_sigmoid_router, routed_experts
 from builder.decoder_config import DecoderConfig
-from builder.family import Decoder, Family, register
+from builder.family import Decoder, Family, ModelType, register
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "Glm4MoeForCausalLM": dict(model_type="glm4_moe", vocab_size=151552, intermediate_size=10944,
                                num_hidden_layers=46, num_attention_heads=96, num_key_value_heads=8,
                                max_position_embeddings=131072, rms_norm_eps=1e-5, bos_token_id=None,
                                eos_token_id=None, partial_rotary_factor=0.5),
+    # The hub's model types transformers builds as Glm4MoeForCausalLM (MODEL_TYPES below), each
+    # with its config class's defaults (SarvamMoEConfig, Param2MoeConfig: the whole head rotates).
+    "SarvamMoEForCausalLM": dict(
+        model_type="sarvam_moe", vocab_size=262144, intermediate_size=8192, num_hidden_layers=19,
+        num_attention_heads=64, num_key_value_heads=4, head_dim=64, rms_norm_eps=1e-6, default_theta=8_000_000.0,
+        partial_rotary_factor=1.0, moe_intermediate_size=1024, num_experts_per_tok=6, routed_scaling_factor=2.5,
+        use_qk_norm=True, bos_token_id=None, eos_token_id=1, pad_token_id=0, num_nextn_predict_layers=0,
+        max_position_embeddings=131072,
+    ),
+    "Param2MoeForCausalLM": dict(
+        model_type="param2moe", vocab_size=128000, hidden_size=2048, intermediate_size=9216, num_hidden_layers=21,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=32768, rms_norm_eps=1e-6,
+        tie_word_embeddings=True, default_theta=500_000.0, partial_rotary_factor=1.0, moe_intermediate_size=2048,
+        num_experts_per_tok=6, n_shared_experts=2, n_routed_experts=64, routed_scaling_factor=2.5, use_qk_norm=True,
+        bos_token_id=None, eos_token_id=3, pad_token_id=0, num_nextn_predict_layers=0,
+    ),
 }
 
 # onnxruntime-genai 0.18 knows no glm4_moe; "chatglm" is the GLM family's type there, whose decoder
 # contract is Llama's (same inputs, outputs and KV cache layout). No sliding window in the modeling file.
 STRUCTURE: dict[str, dict[str, Any]] = {
     "Glm4MoeForCausalLM": dict(model_type="chatglm", sliding_window=None, layer_types=None),
+    "SarvamMoEForCausalLM": dict(model_type="chatglm", sliding_window=None, layer_types=None),
+    "Param2MoeForCausalLM": dict(model_type="chatglm", sliding_window=None, layer_types=None),
 }
 
 
@@ -113,6 +132,29 @@ def decoder_layer(d: Decoder, w: Weights, i: int):
     return pre_norm_layer(d, w, i, attention, spec, lambda h: dense_mlp(d, h, m, c.intermediate_size))
 
 
+def split_query_key_value(c: Glm4MoeConfig) -> tuple:
+    """The rows of a fused `query_key_value` (weight and bias): the queries', the keys', the values'."""
+    q, kv = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim
+    return ((r"\.query_key_value\.", ((".q_proj.", q), (".k_proj.", kv), (".v_proj.", kv))),)
+
+
+# config.json's model_type -> the row transformers 5.25 builds as Glm4MoeForCausalLM, with its
+# config class's attribute_map and its conversion rules (conversion_mapping.py: sarvam_moe, which
+# param2moe copies): Ling-style names, the fused query_key_value split by the heads' sizes.
+SARVAM = ModelType(
+    "SarvamMoEForCausalLM",
+    keys={"num_experts": "n_routed_experts", "num_shared_experts": "n_shared_experts", "use_qkv_bias": "attention_bias",
+          "num_mtp_layers": "num_nextn_predict_layers"},
+    renames=((r"^model\.word_embeddings\.", "model.embed_tokens."), (r"\.attention\.", ".self_attn."),
+             (r"\.self_attn\.dense\.", ".self_attn.o_proj."), (r"\.self_attn\.query_layernorm\.", ".self_attn.q_norm."),
+             (r"\.self_attn\.key_layernorm\.", ".self_attn.k_norm."),
+             (r"\.mlp\.gate\.expert_bias", ".mlp.gate.e_score_correction_bias")),
+    splits=split_query_key_value,
+)
+MODEL_TYPES: dict[str, ModelType] = {"sarvam_moe": SARVAM,
+                                     "param2moe": dataclasses.replace(SARVAM, architecture="Param2MoeForCausalLM")}
+
+
 def skip_next_token_layers(d: Decoder) -> None:
     """Marks the multi-token-prediction layers (model.layers.{num_hidden_layers + j}.*) as
     deliberately unused: what config.json counts (num_nextn_predict_layers), not any extra layer."""
@@ -125,8 +167,8 @@ def skip_next_token_layers(d: Decoder) -> None:
 
 FAMILY = register(Family(
     "glm4_moe", Glm4MoeConfig, decoder_layer, VARIANTS, structure=STRUCTURE, prepare=skip_next_token_layers,
-    partial_rotary=True,
+    partial_rotary=True, model_types=MODEL_TYPES,
     ignored=("model.layers.*.self_attn.rotary_emb.inv_freq",),
 ))
 
-__all__ = ["FAMILY", "STRUCTURE", "VARIANTS", "Glm4MoeConfig", "decoder_layer", "moe_block"]
+__all__ = ["FAMILY", "MODEL_TYPES", "STRUCTURE", "VARIANTS", "Glm4MoeConfig", "decoder_layer", "moe_block"]

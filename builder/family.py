@@ -181,11 +181,14 @@ class ModelType:
     that row's class (InternLM3 and EXAONE 3 as Llama), from config.json keys of its own config
     class (`keys`: its attribute_map, the hub's key -> the one the family reads) and tensors of its
     own names (`renames`: its conversion rules, (regex, replacement) over the stored names, in
-    order). `architecture` is the family's row for it (its config class's defaults, in `variants`)."""
+    order; `splits(config)`: fused tensors whose rows are several of the family's, as
+    builder.inputs.renamed.Splits). `architecture` is the family's row for it (its config class's
+    defaults, in `variants`)."""
 
     architecture: str
     keys: dict[str, str] = field(default_factory=dict)
     renames: tuple[tuple[str, str], ...] = ()
+    splits: Callable[[Any], tuple] | None = None
 
 
 @dataclass(frozen=True)
@@ -237,9 +240,9 @@ class Family:
         architectures (Ministral on Llama's) says only what differs."""
         return dataclasses.replace(self, **changes)
 
-    def renames(self, architecture: str) -> tuple[tuple[str, str], ...]:
-        """The tensor renames of `architecture`'s row (a ModelType's), () for the family's own names."""
-        return next((a.renames for a in self.model_types.values() if a.architecture == architecture), ())
+    def model_type(self, architecture: str) -> ModelType | None:
+        """The ModelType whose row `architecture` is, None for the family's own rows."""
+        return next((a for a in self.model_types.values() if a.architecture == architecture), None)
 
     def parse_config(self, raw: dict[str, Any], architecture: str) -> Any:
         for alias in self.model_types.values():  # the hub's keys of another config class, renamed

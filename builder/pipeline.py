@@ -108,12 +108,15 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     known = name in architectures.ARCHITECTURES
     inp.check_quantization(architectures.load(name).quant_methods if known else ())
     family = architectures.load(name)
-    checkpoint = inp.open_checkpoint()
-    if family.renames(name):  # the hub's other names for the family's tensors
-        checkpoint = RenamedCheckpoint(checkpoint, family.renames(name))
-    checkpoint, adapter = with_adapter(checkpoint, options)
+    checkpoint = stored = inp.open_checkpoint()
+    alias = family.model_type(name)  # the hub's other names for the family's tensors
+    if alias is not None and alias.renames:
+        checkpoint = RenamedCheckpoint(stored, alias.renames)
     check_layer_count(raw, checkpoint.tensors)  # before the config makes anything per layer
     config = family.parse_config(raw, name)
+    if alias is not None and alias.splits is not None:  # fused rows, split by the config's sizes
+        checkpoint = RenamedCheckpoint(stored, alias.renames, alias.splits(config))
+    checkpoint, adapter = with_adapter(checkpoint, options)
     check_sizes_fit(config, checkpoint.tensors)
     info = decoder_info(config)
     target = options.target().with_layers(info.num_layers)
