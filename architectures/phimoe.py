@@ -25,9 +25,12 @@ from builder.blocks import AttentionSpec, ResidualStream, Rope, linear, longrope
 from builder.blocks.moe import routed_experts, sparsemixer
 from builder.decoder_config import DecoderConfig
 from builder.errors import BuildError
-from builder.family import Decoder, Family, parse, register
+from builder.family import Decoder, Family, ModelType, parse, register
 
 VARIANTS: dict[str, dict[str, Any]] = {"PhimoeForCausalLM": dict(default_theta=1e6)}
+# microsoft/Phi-3.5-MoE-instruct's config.json says PhiMoEForCausalLM (its remote code's class);
+# transformers builds its model_type with PhimoeForCausalLM.
+MODEL_TYPES = {"phimoe": ModelType("PhimoeForCausalLM")}
 
 # Every layer slides when there is a window: the modeling file reads no layer_types.
 STRUCTURE: dict[str, dict[str, Any]] = {"PhimoeForCausalLM": dict(layer_types=None)}
@@ -122,7 +125,7 @@ def logits(d: Decoder, h):
 
 FAMILY = register(Family(
     "phimoe", PhimoeConfig, decoder_layer, VARIANTS, structure=STRUCTURE, parser=parse_config, rotary=rotary,
-    stream=layer_norm_stream, final_norm=final_norm, logits=logits,
+    stream=layer_norm_stream, final_norm=final_norm, logits=logits, model_types=MODEL_TYPES,
     ignored=("model.layers.*.self_attn.rotary_emb.inv_freq",),
 ))
 

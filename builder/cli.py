@@ -252,9 +252,9 @@ def _interrupted(e: BaseException, out: Path | None, received: list[int], publis
 
 def list_architectures() -> str:
     """`architectures` names in config.json that builder reads, each with the module that builds it."""
-    import architectures
+    from builder import registry
 
-    return "\n".join(f"{name}\tarchitectures/{module}.py" for name, module in architectures.ARCHITECTURES.items())
+    return "\n".join(f"{name}\tarchitectures/{module}.py" for name, module in registry.architectures().items())
 
 
 def _bool(text: str) -> bool:

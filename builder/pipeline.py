@@ -16,8 +16,7 @@ import numpy as np
 import onnx_ir as ir
 from onnx_ir.passes.common import RemoveUnusedNodesPass, TopologicalSortPass
 
-import architectures
-from builder import hub, record
+from builder import hub, record, registry
 from builder.architecture import DecoderInfo, decoder_info
 from builder.digests import hash_inputs
 from builder.errors import BuildError
@@ -105,9 +104,9 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     inp = read_input(folder)
     raw = inp.config
     name = _architecture(raw, inp.config_path)
-    known = name in architectures.ARCHITECTURES
-    inp.check_quantization(architectures.load(name).quant_methods if known else ())
-    family = architectures.load(name)
+    known = name in registry.architectures()
+    inp.check_quantization(registry.load(name).quant_methods if known else ())
+    family = registry.load(name)
     checkpoint = stored = inp.open_checkpoint()
     alias = family.model_type(name)  # the hub's other names for the family's tensors
     if alias is not None and alias.renames:
@@ -124,7 +123,7 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     if target.context_length:
         info = dataclasses.replace(info, context_length=target.context_length)
     warn_if_bf16_rounds_stored_scales(inp.stores_blocks, target)
-    packager = architectures.load_package(name) if inp.can_package and not options.text_only else None
+    packager = registry.load_package(name) if inp.can_package and not options.text_only else None
     package = packager(raw, folder, checkpoint, config, target) if packager is not None else None
     check_windowed_cache(info, options.windowed_kv_cache, options.search)
     _check_package_options(name, family, package, options, target)
@@ -159,14 +158,12 @@ def _architecture(raw: dict, config_path: Path) -> str:
     if not (isinstance(given, list) and given and all(isinstance(n, str) for n in given)):
         raise BuildError(f"{config_path}: 'architectures' must be a list of class names (transformers' model "
                          f"classes), got {json.dumps(given)[:80]}")
-    model_type = raw.get("model_type")
-    if isinstance(model_type, str) and model_type in architectures.MODEL_TYPES:  # the class transformers maps it to
-        return architectures.MODEL_TYPES[model_type][0]
-    name = architectures.canonical(given[0])
-    if raw.get("auto_map") and name not in architectures.ARCHITECTURES:
+    name = registry.resolve(raw)  # the row its model_type maps to, as transformers' auto classes do
+    known = registry.architectures()
+    if raw.get("auto_map") and name not in known:
         raise BuildError(
             f"{name} needs the checkpoint's own Python code (auto_map / trust_remote_code), which "
-            f"builder never runs; supported: {', '.join(sorted(architectures.ARCHITECTURES))}"
+            f"builder never runs; supported: {', '.join(sorted(known))}"
         )
     return name
 

@@ -111,3 +111,12 @@ def test_lower_layers_import_only_what_lies_below_them():
     for name, allowed in LAYERS.items():
         project = {d for d in graph[name] if d.split(".")[0] in ("builder", "architectures")}
         assert project <= allowed, f"{name} imports {project - allowed}"
+
+
+def test_the_core_never_imports_the_families():
+    # builder reaches the families through builder/registry.py's entry points only (pyproject.toml:
+    # builder.families), so the families stand above the core and another package can add its own.
+    graph = modules()
+    reaching = sorted(m for m, deps in graph.items() if m.startswith("builder")
+                      and any(d == "architectures" or d.startswith("architectures.") for d in deps))
+    assert reaching == []

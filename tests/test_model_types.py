@@ -142,4 +142,5 @@ def test_listed_with_the_family():
     assert {"InternLM3ForCausalLM", "IQuestCoderForCausalLM", "ExaoneForCausalLM"} <= set(architectures.ARCHITECTURES)
     assert {t: a for t, (a, _) in architectures.MODEL_TYPES.items()} == {
         "internlm3": "InternLM3ForCausalLM", "iquestcoder": "IQuestCoderForCausalLM", "exaone": "ExaoneForCausalLM",
-        "sarvam_moe": "SarvamMoEForCausalLM", "param2moe": "Param2MoeForCausalLM", "sarvam_mla": "SarvamMLAForCausalLM"}
+        "sarvam_moe": "SarvamMoEForCausalLM", "param2moe": "Param2MoeForCausalLM", "sarvam_mla": "SarvamMLAForCausalLM",
+        "phimoe": "PhimoeForCausalLM"}  # microsoft/Phi-3.5-MoE-instruct says PhiMoEForCausalLM
