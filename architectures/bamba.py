@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from architectures.falcon_h1 import final_norm
-from architectures.granitemoehybrid import ATTENTION, MAMBA, MambaStates, mixer, resolve_mamba_keys
+from architectures.granitemoehybrid import ATTENTION, MAMBA, Mamba2Keys, MambaStates, mixer, resolve_mamba_keys
 from builder.architecture import Weights, attention_weights
 from builder.blocks import AttentionSpec, gated_mlp, self_attention
-from builder.blocks.mamba2 import Mamba2Spec
 from builder.decoder_config import DecoderConfig
 from builder.family import Decoder, Family, conv_padding, parse, register
 
@@ -38,23 +37,14 @@ STRUCTURE: dict[str, dict[str, Any]] = {"BambaForCausalLM": dict(model_type="gra
 
 
 @dataclass(frozen=True)
-class BambaConfig(MambaStates, DecoderConfig):
+class BambaConfig(MambaStates, DecoderConfig, Mamba2Keys):
     """config.json of Bamba: the shared decoder keys, the attention layers' indices and the Mamba-2
-    mixer's keys (BambaConfig's defaults)."""
+    mixer's keys (Granite 4.0's, with BambaConfig's default dt limit)."""
 
     LAYER_TYPES: ClassVar[tuple[str, ...]] = (MAMBA, ATTENTION)
 
     attn_layer_indices: list[int] | None = None
     mlp_bias: bool = False
-    mamba_n_heads: int = 128
-    mamba_n_groups: int = 1
-    mamba_d_state: int = 256
-    mamba_d_head: int | str = "auto"
-    mamba_d_conv: int = 4
-    mamba_expand: int = 2
-    mamba_chunk_size: int = 256
-    mamba_conv_bias: bool = True
-    mamba_proj_bias: bool = False
     time_step_limit: list[float | dict[str, str]] | tuple[float, float] | None = (0.0, float("inf"))
 
     def __post_init__(self) -> None:
@@ -67,12 +57,6 @@ class BambaConfig(MambaStates, DecoderConfig):
                                                  for i in range(self.num_hidden_layers)])
         resolve_mamba_keys(self, self.mamba_expand * self.hidden_size, "mamba_expand · hidden_size")
         super().__post_init__()
-
-    @property
-    def mamba(self) -> Mamba2Spec:
-        return Mamba2Spec(self.mamba_n_heads, self.mamba_d_head, self.mamba_n_groups, self.mamba_d_state,
-                          self.mamba_d_conv, self.rms_norm_eps, self.hidden_act,
-                          self.time_step_limit or (0.0, float("inf")))
 
     @property
     def conv_layers(self) -> list[int]:

@@ -55,7 +55,31 @@ class MambaStates:
 
 
 @dataclass(frozen=True)
-class GraniteMoeHybridConfig(MambaStates, DecoderConfig):
+class Mamba2Keys:
+    """config.json's Mamba-2 mixer keys as Granite 4.0's and Bamba's config classes name them, with
+    their defaults; `mamba` is the mixer they describe."""
+
+    mamba_n_heads: int = 128
+    mamba_n_groups: int = 1
+    mamba_d_state: int = 256
+    mamba_d_head: int | str = "auto"
+    mamba_d_conv: int = 4
+    mamba_expand: int = 2
+    mamba_chunk_size: int = 256
+    mamba_conv_bias: bool = True
+    mamba_proj_bias: bool = False
+    # transformers writes an infinite limit as {"__float__": "Infinity"} (strict JSON has no Infinity).
+    time_step_limit: list[float | dict[str, str]] | tuple[float, float] | None = None
+
+    @property
+    def mamba(self) -> Mamba2Spec:
+        limit = self.time_step_limit or (0.0, math.inf)
+        return Mamba2Spec(self.mamba_n_heads, self.mamba_d_head, self.mamba_n_groups, self.mamba_d_state,
+                          self.mamba_d_conv, self.rms_norm_eps, self.hidden_act, limit)
+
+
+@dataclass(frozen=True)
+class GraniteMoeHybridConfig(MambaStates, DecoderConfig, Mamba2Keys):
     """config.json of Granite 4.0: the shared decoder keys, Granite's multipliers, the experts and
     the Mamba-2 mixer's keys (GraniteMoeHybridConfig's defaults)."""
 
@@ -70,17 +94,6 @@ class GraniteMoeHybridConfig(MambaStates, DecoderConfig):
     shared_intermediate_size: int = 1024
     position_embedding_type: str | None = None
     layers_block_type: list[str] | None = None
-    mamba_n_heads: int = 128
-    mamba_n_groups: int = 1
-    mamba_d_state: int = 256
-    mamba_d_head: int | str = "auto"
-    mamba_d_conv: int = 4
-    mamba_expand: int = 2
-    mamba_chunk_size: int = 256
-    mamba_conv_bias: bool = True
-    mamba_proj_bias: bool = False
-    # transformers writes an infinite limit as {"__float__": "Infinity"} (strict JSON has no Infinity).
-    time_step_limit: list[float | dict[str, str]] | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -94,12 +107,6 @@ class GraniteMoeHybridConfig(MambaStates, DecoderConfig):
     def default_layer_types(self) -> list[str]:
         """GraniteMoeHybridConfig's: every layer a Mamba layer."""
         return [MAMBA] * self.num_hidden_layers
-
-    @property
-    def mamba(self) -> Mamba2Spec:
-        limit = self.time_step_limit or (0.0, math.inf)
-        return Mamba2Spec(self.mamba_n_heads, self.mamba_d_head, self.mamba_n_groups, self.mamba_d_state,
-                          self.mamba_d_conv, self.rms_norm_eps, self.hidden_act, limit)
 
     @property
     def conv_layers(self) -> list[int]:
@@ -218,4 +225,4 @@ FAMILY = register(Family(
     embed=granite.embed, logits=granite.logits,
 ))
 
-__all__ = ["FAMILY", "VARIANTS", "GraniteMoeHybridConfig", "MambaStates", "decoder_layer", "resolve_mamba_keys"]
+__all__ = ["FAMILY", "VARIANTS", "GraniteMoeHybridConfig", "Mamba2Keys", "MambaStates", "decoder_layer", "resolve_mamba_keys"]

@@ -127,11 +127,22 @@ def dense_feed_forward(d: Decoder, f: Weights, i: int, h):
     return gated_mlp(d.g, h, f("w1.weight", I, H), f("w3.weight", I, H), f("w2.weight", H, I), "silu", d.target)
 
 
-def decoder_layer(d: Decoder, w: Weights, i: int, feed_forward=dense_feed_forward):
+def decoder_layer(d: Decoder, w: Weights, i: int, feed_forward=dense_feed_forward, attend=None,
+                  sandwich: bool = False):
     """Lfm2DecoderLayer.forward; returns the layer's present state: (key, value), or (conv state,).
-    `feed_forward(d, weights under feed_forward., i, h)`: the MLP (LFM2-MoE's sparse block)."""
+    `feed_forward(d, weights under feed_forward., i, h)`: the MLP (LFM2-MoE's sparse block);
+    `attend(d, weights under self_attn., i, h)`: the attention (LFM3's); `sandwich`: each branch
+    normed (post_operator_norm, post_ffn_norm) before it joins the residual (LFM3's)."""
     g, c = d.g, d.c
     H = c.hidden_size
+
+    def add(h, norm: str) -> None:
+        if not sandwich:
+            d.stream.add(h)
+            return
+        with g.scope(norm):
+            d.stream.add(h, w(f"{norm}.weight", H))
+
     with g.scope("operator_norm"):
         h = d.stream.norm(w("operator_norm.weight", H))
     if c.layer_types[i] == CONV:
@@ -140,12 +151,16 @@ def decoder_layer(d: Decoder, w: Weights, i: int, feed_forward=dense_feed_forwar
         state = (conv_state,)
     else:
         with g.scope("self_attn"):
-            h, state = attention(d, w.under("self_attn."), i, h)
-    d.stream.add(h)
+            h, state = (attend or attention)(d, w.under("self_attn."), i, h)
+    add(h, "post_operator_norm")
     with g.scope("ffn_norm"):
         h = d.stream.norm(w("ffn_norm.weight", H))
     with g.scope("feed_forward"):
-        d.stream.add(feed_forward(d, w.under("feed_forward."), i, h))
+        h = feed_forward(d, w.under("feed_forward."), i, h)
+        if not sandwich:
+            d.stream.add(h)
+    if sandwich:
+        add(h, "post_ffn_norm")
     return state
 
 

@@ -102,13 +102,16 @@ class MoeConfig(DecoderConfig):
         return not dense and self.num_experts > 0
 
 
-def pre_norm_layer(d: Decoder, w: Weights, i: int, attention: AttentionWeights, spec: AttentionSpec,
+def pre_norm_layer(d: Decoder, w: Weights, i: int, attention: AttentionWeights | None, spec: AttentionSpec | None,
                    mlp: Callable[[ir.Value], ir.Value], mlp_scope: str = "mlp", norm_bias: bool = False,
-                   branch: Callable[[ir.Value], ir.Value] = lambda h: h):
+                   branch: Callable[[ir.Value], ir.Value] = lambda h: h,
+                   attend: Callable[[ir.Value], tuple[ir.Value, ir.Value, ir.Value]] | None = None):
     """x + branch(attn(norm(x))), then x + branch(mlp(norm(x))), Llama's layer with another attention
     or MLP: `input_layernorm` and `post_attention_layernorm` (with biases when `norm_bias`: LayerNorms),
     `mlp(h)` recorded under `mlp_scope`, `branch` inside each scope (Granite's residual multiplier).
-    Returns the layer's present key and value."""
+    The attention is self_attention with `attention` and `spec`, or `attend(h)` -> (output, present
+    key, present value) for another kind (MiniCPM5-MoE's gated one). Returns the layer's present
+    key and value."""
     g, H = d.g, d.c.hidden_size
     def norm(name: str) -> ir.Value:
         with g.scope(name):
@@ -116,7 +119,10 @@ def pre_norm_layer(d: Decoder, w: Weights, i: int, attention: AttentionWeights, 
 
     h = norm("input_layernorm")
     with g.scope("self_attn"):
-        h, key, value = self_attention(g, h, d.past(i), d.lengths, d.rotary, attention, spec, d.target)
+        if attend is not None:
+            h, key, value = attend(h)
+        else:
+            h, key, value = self_attention(g, h, d.past(i), d.lengths, d.rotary, attention, spec, d.target)
         d.stream.add(branch(h))
     h = norm("post_attention_layernorm")
     with g.scope(mlp_scope):

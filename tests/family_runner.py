@@ -120,7 +120,9 @@ class FamilyTest:
     `genai_type`: genai_config.json's model type (None: onnxruntime-genai does not run the family,
     no genai proof); `genai_variant`: the variant genai greedy runs (default: the first);
     `config_raws`: config.json texts (the hub's spellings) compared with transformers' config on
-    `config_fields` and the rope parameters; `layer_lists`: the config holds per-layer lists or
+    `config_fields` and the rope parameters; `quantize(model, bits, block_size, symmetric, method=)`
+    rounds the reference as the build rounds it (default: every nn.Linear; a family whose experts are
+    stacked parameters passes test_family_moe.fake_quantize_experts); `layer_lists`: the config holds per-layer lists or
     indices (tests/differential.py then keeps the layer count). `name` prefixes the variants'
     names as differential bases (default: the config class's, lowercased, without "Config")."""
 
@@ -136,6 +138,7 @@ class FamilyTest:
     ragged: bool = False
     config_raws: tuple[dict[str, Any], ...] = ({},)
     config_fields: tuple[str, ...] = CONFIG_FIELDS
+    quantize: Callable[..., None] = fake_quantize_model
     layer_lists: bool = False
     name: str | None = None
 
@@ -173,7 +176,7 @@ def family_tests(spec: FamilyTest) -> dict[str, Any]:
         out = build(family_checkpoint, tmp_path / "out", "-p", "int4", "--accuracy-level", "0")
         model = load(family_checkpoint)
         int4 = PRECISION_DEFAULTS["int4"]  # what the build does when not told
-        fake_quantize_model(model, 4, 32, int4["symmetric"], method=int4["quant_method"])
+        spec.quantize(model, 4, 32, int4["symmetric"], method=int4["quant_method"])
         want, fed = reference_steps(model, PROMPT, STEPS)
         for step, (g, w) in enumerate(zip(onnx_steps(out, PROMPT, fed), want)):
             assert cosine(g, w) > 0.999 and relative_error(g, w) < max(spec.tolerance, 1e-4), f"step {step}"
