@@ -140,7 +140,8 @@ def test_config_class_defaults_are_its_own(model_type):
 
 def test_listed_with_the_family():
     assert {"InternLM3ForCausalLM", "IQuestCoderForCausalLM", "ExaoneForCausalLM"} <= set(architectures.ARCHITECTURES)
-    assert {t: a for t, (a, _) in architectures.MODEL_TYPES.items()} == {
+    # (a subset: a family adds its own model types in its own module)
+    assert {t: a for t, (a, _) in architectures.MODEL_TYPES.items()}.items() >= {
         "internlm3": "InternLM3ForCausalLM", "iquestcoder": "IQuestCoderForCausalLM", "exaone": "ExaoneForCausalLM",
         "sarvam_moe": "SarvamMoEForCausalLM", "param2moe": "Param2MoeForCausalLM", "sarvam_mla": "SarvamMLAForCausalLM",
-        "phimoe": "PhimoeForCausalLM"}  # microsoft/Phi-3.5-MoE-instruct says PhiMoEForCausalLM
+        "phimoe": "PhimoeForCausalLM"}.items()  # microsoft/Phi-3.5-MoE-instruct says PhiMoEForCausalLM
