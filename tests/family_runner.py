@@ -160,21 +160,37 @@ class FamilyTest:
 SPECS: list[FamilyTest] = []
 
 
-def family_tests(spec: FamilyTest) -> dict[str, Any]:
-    """The shared proofs of `spec`'s family, as module globals pytest collects (see the module's doc)."""
+def family_tests(spec: FamilyTest, suffix: str = "") -> dict[str, Any]:
+    """The shared proofs of `spec`'s family, as module globals pytest collects (see the module's doc).
+    `suffix` ends every test's name, so a module that proves several families (one FamilyTest each)
+    keeps them apart; without one, the module also gets a `family_checkpoint` fixture (each
+    variant's checkpoint) for its own tests."""
     SPECS.append(spec)
+    made: dict[str, Path] = {}
+
+    def checkpoint(variant: str, factory) -> Path:
+        """`variant`'s checkpoint, written once per module."""
+        if variant not in made:
+            made[variant] = spec.checkpoint(factory.mktemp(f"{spec.family}-{variant}"), variant)
+        return made[variant]
+
+    each_variant = pytest.mark.parametrize("variant", sorted(spec.variants))
 
     @pytest.fixture(scope="module", params=sorted(spec.variants))
     def family_checkpoint(request, tmp_path_factory):
-        return spec.checkpoint(tmp_path_factory.mktemp(request.param), request.param)
+        return checkpoint(request.param, tmp_path_factory)
 
-    def test_fp32_matches_transformers(family_checkpoint, tmp_path):
-        out = build(family_checkpoint, tmp_path / "out", "-p", "fp32")
-        assert_steps_match(out, load(family_checkpoint), tolerance=spec.tolerance)
+    @each_variant
+    def test_fp32_matches_transformers(variant, tmp_path_factory, tmp_path):
+        source = checkpoint(variant, tmp_path_factory)
+        out = build(source, tmp_path / "out", "-p", "fp32")
+        assert_steps_match(out, load(source), tolerance=spec.tolerance)
 
-    def test_int4_matches_same_rounding(family_checkpoint, tmp_path):
-        out = build(family_checkpoint, tmp_path / "out", "-p", "int4", "--accuracy-level", "0")
-        model = load(family_checkpoint)
+    @each_variant
+    def test_int4_matches_same_rounding(variant, tmp_path_factory, tmp_path):
+        source = checkpoint(variant, tmp_path_factory)
+        out = build(source, tmp_path / "out", "-p", "int4", "--accuracy-level", "0")
+        model = load(source)
         int4 = PRECISION_DEFAULTS["int4"]  # what the build does when not told
         spec.quantize(model, 4, 32, int4["symmetric"], method=int4["quant_method"])
         want, fed = reference_steps(model, PROMPT, STEPS)
@@ -205,11 +221,10 @@ def family_tests(spec: FamilyTest) -> dict[str, Any]:
             assert getattr(ours, name) == getattr(theirs, name), name
         assert _strip_type(ours.rope_parameters) == _strip_type(getattr(theirs, "rope_parameters", None))
 
-    tests = {"family_checkpoint": family_checkpoint, "test_fp32_matches_transformers": test_fp32_matches_transformers,
-             "test_int4_matches_same_rounding": test_int4_matches_same_rounding,
-             "test_config_matches_transformers": test_config_matches_transformers}
+    tests = [test_fp32_matches_transformers, test_int4_matches_same_rounding, test_config_matches_transformers]
     if spec.fp16_tolerance is not None:
-        tests["test_fp16_bounded"] = test_fp16_bounded
+        tests.append(test_fp16_bounded)
     if spec.genai_type is not None:
-        tests["test_genai_greedy_matches_transformers"] = test_genai_greedy_matches_transformers
-    return tests
+        tests.append(test_genai_greedy_matches_transformers)
+    found = {f"{test.__name__}{suffix}": test for test in tests}
+    return found if suffix else {"family_checkpoint": family_checkpoint, **found}
