@@ -327,7 +327,7 @@ def _from_runner() -> list[Base]:
 
     for path in sorted(Path(__file__).parent.glob("test_family_*.py")):
         importlib.import_module(path.stem)
-    return [Base(f"{spec.family}-{name}", spec.config_class, {**spec.base, "eos_token_id": 255, **overrides},
+    return [Base(spec.base_name(name), spec.config_class, {**spec.base, "eos_token_id": 255, **overrides},
                  spec.make, layer_lists=spec.layer_lists)
             for spec in family_runner.SPECS for name, overrides in spec.variants.items()]
 
@@ -340,7 +340,6 @@ def bases() -> list[Base]:
     out += _from_variants("test_parity_llama", TINY, ["mistral-window", "qwen2", "qwen3-tied"])
     out += _from_variants("test_family_llamalike", TINY)
     out += _from_variants("test_family_gptstyle", "GPT")
-    out += _from_variants("test_family_olmo", "BASE")
     out += _from_variants("test_family_cohereglm", "BASE")
     out += _from_variants("test_family_moe", "BASE")
     out += _from_variants("test_family_moe2", "BASE")

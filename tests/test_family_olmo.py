@@ -1,15 +1,15 @@
-"""OLMo, OLMo 2, OLMo 3 and EXAONE 4 against transformers: fp32 and int4 logits, genai's greedy
-generation, and config.json parsing against their config classes."""
+"""OLMo, OLMo 2, OLMo 3 and EXAONE 4 against transformers: the shared family proofs
+(tests/family_runner.py: fp32 and int4 steps, genai greedy, OLMo 3's ragged batch) per
+architecture, config.json parsing against their config classes, and their blocks against numpy."""
 
 import numpy as np
 import pytest
 import transformers
 from conftest import TINY
-from fake_quant import assert_quantized_parity
-from helpers import GENAI_PROMPT, assert_parity, build, make_checkpoint
+from family_runner import FamilyTest, family_tests
+from helpers import GENAI_PROMPT, make_checkpoint
 from safetensors.numpy import load_file, save_file
 from test_blocks import EPS, np_layer_norm, np_rms_norm, run
-from test_genai import assert_same_greedy
 
 from builder.blocks import (
     AttentionSpec,
@@ -40,10 +40,10 @@ VARIANTS = {
 }
 
 
-def make(folder, name):
-    config_class, overrides = VARIANTS[name]
-    make_checkpoint(folder, config_class, **{**BASE, **overrides})
-    tensors = load_file(folder / "model.safetensors")  # transformers initializes biases to zero
+def make(folder, config_class, config):
+    """A tiny random checkpoint of `config_class` with random biases (transformers initializes them to zero)."""
+    make_checkpoint(folder, config_class, **config)
+    tensors = load_file(folder / "model.safetensors")
     rng = np.random.default_rng(1)
     for key, value in tensors.items():
         if key.endswith(".bias"):
@@ -52,29 +52,26 @@ def make(folder, name):
     return folder
 
 
-@pytest.fixture(scope="module", params=sorted(VARIANTS))
-def variant(request, tmp_path_factory):
-    return make(tmp_path_factory.mktemp(request.param), request.param)
-
-
-def test_fp32_matches_transformers(variant, tmp_path):
-    assert_parity(build(variant, tmp_path / "out", "-p", "fp32"), variant, tolerance=1e-4)
-
-
-def test_int4_matches_fake_quantized_transformers(variant, tmp_path):
-    out = build(variant, tmp_path / "out", "-p", "int4", "--accuracy-level", "0")
-    assert_quantized_parity(variant, out, exact=True)
-
-
-def test_genai_greedy_matches_transformers(variant, tmp_path):
-    assert_same_greedy(build(variant, tmp_path / "out", "-p", "fp32"), variant, GENAI_PROMPT)
+# config class -> (architecture, onnxruntime-genai's model type for it)
+ARCHITECTURES = {"OlmoConfig": ("OlmoForCausalLM", "olmo"), "Olmo2Config": ("Olmo2ForCausalLM", "olmo"),
+                 "Olmo3Config": ("Olmo3ForCausalLM", "olmo"), "Exaone4Config": ("Exaone4ForCausalLM", "decoder")}
+# One FamilyTest per architecture (its variants, the shared proofs from tests/family_runner.py);
+# the config proofs are CASES' below, which check more than the runner's fields.
+for config_class, (architecture, genai_type) in ARCHITECTURES.items():
+    rows = {name: overrides for name, (cls, overrides) in VARIANTS.items() if cls == config_class}
+    globals().update(family_tests(FamilyTest(
+        architecture, config_class, rows, base=BASE, name="", config_raws=(), genai_type=genai_type,
+        ragged=config_class == "Olmo3Config",
+        make=lambda folder, config, cls=config_class: make(folder, cls, config),
+        layer_lists=config_class in ("Olmo3Config", "Exaone4Config"),
+    ), suffix=f"_{config_class.removesuffix('Config').lower()}"))
 
 
 def test_clip_qkv_clamps(tmp_path):
     # Without the clamp the tiny OLMo's logits differ from transformers': the test above would see it.
     import torch
 
-    source = make(tmp_path / "src", "olmo")
+    source = make(tmp_path / "src", "OlmoConfig", {**BASE, **VARIANTS["olmo"][1]})
     model = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     seen = []
     model.model.layers[0].self_attn.q_proj.register_forward_hook(lambda m, i, o: seen.append(float(o.abs().max())))
