@@ -136,6 +136,7 @@ class FamilyTest:
     fp16_tolerance: float | None = None
     genai_type: str | None = "llama"
     genai_variant: str | None = None
+    genai_seed: int = 0  # the genai checkpoint's random seed (one whose greedy continuation has no near-tie)
     ragged: bool = False
     config_raws: tuple[dict[str, Any], ...] = ({},)
     config_fields: tuple[str, ...] = CONFIG_FIELDS
@@ -151,12 +152,12 @@ class FamilyTest:
         """`variant`'s name as a differential base."""
         return f"{self.family}-{variant}" if self.family else variant
 
-    def checkpoint(self, folder: Path, variant: str, **more: Any) -> Path:
+    def checkpoint(self, folder: Path, variant: str, seed: int = 0, **more: Any) -> Path:
         config = {**self.base, **self.variants[variant], **more}
         if self.make is not None:
             self.make(folder, config)
         else:
-            make_checkpoint(folder, self.config_class, **config)
+            make_checkpoint(folder, self.config_class, seed, **config)
         return folder
 
 
@@ -210,7 +211,8 @@ def family_tests(spec: FamilyTest, suffix: str = "") -> dict[str, Any]:
             assert np.isfinite(g).all() and relative_error(g, w) < spec.fp16_tolerance, f"step {step}"
 
     def test_genai_greedy_matches_transformers(tmp_path):
-        source = spec.checkpoint(tmp_path / "src", spec.genai_variant or sorted(spec.variants)[0], eos_token_id=255)
+        source = spec.checkpoint(tmp_path / "src", spec.genai_variant or sorted(spec.variants)[0], spec.genai_seed,
+                                 eos_token_id=255)
         out = build(source, tmp_path / "out", "-p", "fp32")
         assert json.loads((out / "genai_config.json").read_text())["model"]["type"] == spec.genai_type
         assert_same_greedy(out, source, GENAI_PROMPT)

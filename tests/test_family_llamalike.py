@@ -1,18 +1,13 @@
-"""Granite, SmolLM3, Seed-OSS, ERNIE 4.5, Ministral and Ministral 3 against transformers: fp32
-prefill and decode, int4 against fake quantization, onnxruntime-genai's greedy tokens, config.json
-parsing, and Ministral 3's attention temperature block against its formula."""
-
-import json
+"""Granite, SmolLM3, Seed-OSS, ERNIE 4.5, Ministral and Ministral 3 against transformers: the shared
+family proofs per family (tests/family_runner.py: fp32 and int4 steps, onnxruntime-genai's greedy
+tokens), config.json parsing, and Ministral 3's attention temperature block against its formula."""
 
 import numpy as np
 import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 import transformers
-from conftest import TINY
-from fake_quant import assert_quantized_parity
-from helpers import GENAI_PROMPT, assert_parity, build, make_checkpoint
-from test_genai import assert_same_greedy
+from family_runner import FamilyTest, family_tests
 
 import architectures
 from builder.blocks import sequence_lengths
@@ -44,40 +39,23 @@ VARIANTS = {
     "ministral3-window": ("Ministral3Config", dict(head_dim=32, sliding_window=4, tie_word_embeddings=True,
                                                    rope_parameters=dict(YARN, llama_4_scaling_beta=0.1))),
 }
-FAMILIES = ["granite", "smollm3-window", "seed_oss", "ernie4_5", "ministral", "ministral3"]
-# Seeds whose greedy continuations have no near-tie early on (Granite's logits / 4 narrow the gaps).
-GENAI_SEEDS = {"granite": 5, "ministral3": 1}
-GENAI_TYPES = {"granite": "granite", "smollm3-window": "smollm3", "seed_oss": "llama", "ernie4_5": "ernie4_5",
-               "ministral": "mistral", "ministral3": "mistral"}
-
-
-def checkpoint(folder, name, **extra):
-    config_class, overrides = VARIANTS[name]
-    return make_checkpoint(folder, config_class, **{**TINY, **overrides, **extra})
-
-
-@pytest.fixture(scope="module", params=sorted(VARIANTS))
-def variant(request, tmp_path_factory):
-    return checkpoint(tmp_path_factory.mktemp(request.param), request.param)
-
-
-def test_fp32_matches_transformers(variant, tmp_path):
-    assert_parity(build(variant, tmp_path / "out", "-p", "fp32"), variant, tolerance=1e-4)
-
-
-@pytest.mark.parametrize("name", FAMILIES)
-def test_int4_matches_fake_quantized_transformers(name, tmp_path):
-    source = checkpoint(tmp_path / "src", name)
-    out = build(source, tmp_path / "out", "-p", "int4", "--accuracy-level", "0")
-    assert_quantized_parity(source, out, exact=True)
-
-
-@pytest.mark.parametrize("name", FAMILIES)
-def test_genai_greedy_matches_transformers(name, tmp_path):
-    source = checkpoint(tmp_path / "src", name, eos_token_id=255, seed=GENAI_SEEDS.get(name, 0))
-    out = build(source, tmp_path / "out", "-p", "fp32")
-    assert json.loads((out / "genai_config.json").read_text())["model"]["type"] == GENAI_TYPES[name]
-    assert_same_greedy(out, source, GENAI_PROMPT)
+# config class -> (architecture, onnxruntime-genai's model type, the variant genai runs, its seed:
+# one whose greedy continuation has no near-tie early on; Granite's logits / 4 narrow the gaps)
+FAMILIES = {
+    "GraniteConfig": ("GraniteForCausalLM", "granite", "granite", 5),
+    "SmolLM3Config": ("SmolLM3ForCausalLM", "smollm3", "smollm3-window", 0),
+    "SeedOssConfig": ("SeedOssForCausalLM", "llama", "seed_oss", 0),
+    "Ernie4_5Config": ("Ernie4_5ForCausalLM", "ernie4_5", "ernie4_5", 0),
+    "MinistralConfig": ("MinistralForCausalLM", "mistral", "ministral", 0),
+    "Ministral3Config": ("Ministral3ForCausalLM", "mistral", "ministral3", 1),
+}
+# The shared proofs (tests/family_runner.py) per family, over its variants; the config proofs are
+# CONFIG_CASES' below, which check the windows and more fields.
+for config_class, (architecture, genai_type, genai_variant, seed) in FAMILIES.items():
+    globals().update(family_tests(FamilyTest(
+        architecture, config_class, {n: o for n, (cls, o) in VARIANTS.items() if cls == config_class}, name="",
+        config_raws=(), genai_type=genai_type, genai_variant=genai_variant, genai_seed=seed,
+    ), suffix=f"_{config_class.removesuffix('Config').lower()}"))
 
 
 MINISTRAL3_HUB_ROPE = dict(type="yarn", rope_type="yarn", rope_theta=1e6, factor=16.0, beta_fast=32.0, beta_slow=1.0,
