@@ -237,3 +237,18 @@ def family_tests(spec: FamilyTest, suffix: str = "") -> dict[str, Any]:
         tests.append(test_genai_greedy_matches_transformers)
     found = {f"{test.__name__}{suffix}": test for test in tests}
     return found if suffix else {"family_checkpoint": family_checkpoint, **found}
+
+
+def families_tests(variants: dict[str, tuple[str, dict[str, Any]]], families: dict[str, dict[str, Any]],
+                   **common: Any) -> dict[str, Any]:
+    """family_tests for a module that proves several families at once: `variants` name -> (config
+    class, overrides), as such modules write them; `families` config class -> that family's
+    FamilyTest fields (its architecture, genai type, ...); `common`: fields all share. Each family's
+    tests end in its config class's name (`_olmo2`), its variants keep their names as differential
+    bases."""
+    tests = {}
+    for config_class, fields in families.items():
+        rows = {name: overrides for name, (cls, overrides) in variants.items() if cls == config_class}
+        spec = FamilyTest(config_class=config_class, variants=rows, **{"name": "", **common, **fields})
+        tests.update(family_tests(spec, suffix=f"_{config_class.removesuffix('Config').lower()}"))
+    return tests

@@ -1,5 +1,6 @@
-"""Cohere, Cohere 2, GLM and GLM-4-0414 against transformers: fp32 and int4 logits, genai's greedy
-generation, config parsing; the per-head q/k LayerNorm block against numpy."""
+"""Cohere, Cohere 2, GLM and GLM-4-0414 against transformers: the shared family proofs per
+architecture (tests/family_runner.py: fp32 and int4 steps, genai's greedy generation), config
+parsing, the rotary layout; the per-head q/k LayerNorm block against numpy."""
 
 import dataclasses
 
@@ -9,18 +10,15 @@ import onnxruntime as ort
 import pytest
 import transformers
 from conftest import TINY
-from fake_quant import assert_quantized_parity
+from family_runner import families_tests
 from helpers import (
-    GENAI_PROMPT,
     PROMPT,
     OnnxDecoder,
-    assert_parity,
     build,
     make_checkpoint,
     reference,
     relative_error,
 )
-from test_genai import assert_same_greedy
 
 import architectures.cohere
 import architectures.glm
@@ -46,24 +44,14 @@ VARIANTS = {
 }
 
 
-@pytest.fixture(scope="module", params=sorted(VARIANTS))
-def variant(request, tmp_path_factory):
-    config_class, overrides = VARIANTS[request.param]
-    return make_checkpoint(tmp_path_factory.mktemp(request.param), config_class, **{**BASE, **overrides})
-
-
-def test_fp32_matches_transformers(variant, tmp_path):
-    assert_parity(build(variant, tmp_path / "out", "-p", "fp32"), variant, tolerance=1e-4)
-
-
-def test_int4_matches_fake_quantized_transformers(variant, tmp_path):
-    out = build(variant, tmp_path / "out", "-p", "int4", "--accuracy-level", "0")
-    assert_quantized_parity(variant, out, exact=True)
-
-
-def test_genai_greedy_matches_transformers(variant, tmp_path):
-    out = build(variant, tmp_path / "out", "-p", "fp32")
-    assert_same_greedy(out, variant, GENAI_PROMPT)
+# The shared proofs (tests/family_runner.py) per architecture, over its variants; the config
+# proofs are test_matches_transformers_config's below.
+globals().update(families_tests(VARIANTS, {
+    "CohereConfig": dict(architecture="CohereForCausalLM", genai_type="llama"),
+    "Cohere2Config": dict(architecture="Cohere2ForCausalLM", genai_type="llama"),
+    "GlmConfig": dict(architecture="GlmForCausalLM", genai_type="chatglm"),
+    "Glm4Config": dict(architecture="Glm4ForCausalLM", genai_type="chatglm"),
+}, base=BASE, config_raws=()))
 
 
 @pytest.mark.parametrize("name", ["glm4", "cohere-bias"])

@@ -7,7 +7,7 @@ import onnx_ir as ir
 import onnxruntime as ort
 import pytest
 import transformers
-from family_runner import FamilyTest, family_tests
+from family_runner import families_tests
 
 import architectures
 from builder.blocks import sequence_lengths
@@ -39,23 +39,19 @@ VARIANTS = {
     "ministral3-window": ("Ministral3Config", dict(head_dim=32, sliding_window=4, tie_word_embeddings=True,
                                                    rope_parameters=dict(YARN, llama_4_scaling_beta=0.1))),
 }
-# config class -> (architecture, onnxruntime-genai's model type, the variant genai runs, its seed:
-# one whose greedy continuation has no near-tie early on; Granite's logits / 4 narrow the gaps)
-FAMILIES = {
-    "GraniteConfig": ("GraniteForCausalLM", "granite", "granite", 5),
-    "SmolLM3Config": ("SmolLM3ForCausalLM", "smollm3", "smollm3-window", 0),
-    "SeedOssConfig": ("SeedOssForCausalLM", "llama", "seed_oss", 0),
-    "Ernie4_5Config": ("Ernie4_5ForCausalLM", "ernie4_5", "ernie4_5", 0),
-    "MinistralConfig": ("MinistralForCausalLM", "mistral", "ministral", 0),
-    "Ministral3Config": ("Ministral3ForCausalLM", "mistral", "ministral3", 1),
-}
-# The shared proofs (tests/family_runner.py) per family, over its variants; the config proofs are
-# CONFIG_CASES' below, which check the windows and more fields.
-for config_class, (architecture, genai_type, genai_variant, seed) in FAMILIES.items():
-    globals().update(family_tests(FamilyTest(
-        architecture, config_class, {n: o for n, (cls, o) in VARIANTS.items() if cls == config_class}, name="",
-        config_raws=(), genai_type=genai_type, genai_variant=genai_variant, genai_seed=seed,
-    ), suffix=f"_{config_class.removesuffix('Config').lower()}"))
+# The shared proofs (tests/family_runner.py) per family, over its variants, with its genai type and
+# the variant genai runs (with a seed whose greedy continuation has no near-tie early on: Granite's
+# logits / 4 narrow the gaps); the config proofs are CONFIG_CASES' below (windows, more fields).
+globals().update(families_tests(VARIANTS, {
+    "GraniteConfig": dict(architecture="GraniteForCausalLM", genai_type="granite", genai_variant="granite",
+                          genai_seed=5),
+    "SmolLM3Config": dict(architecture="SmolLM3ForCausalLM", genai_type="smollm3", genai_variant="smollm3-window"),
+    "SeedOssConfig": dict(architecture="SeedOssForCausalLM", genai_type="llama", genai_variant="seed_oss"),
+    "Ernie4_5Config": dict(architecture="Ernie4_5ForCausalLM", genai_type="ernie4_5", genai_variant="ernie4_5"),
+    "MinistralConfig": dict(architecture="MinistralForCausalLM", genai_type="mistral"),
+    "Ministral3Config": dict(architecture="Ministral3ForCausalLM", genai_type="mistral", genai_variant="ministral3",
+                             genai_seed=1),
+}, config_raws=()))
 
 
 MINISTRAL3_HUB_ROPE = dict(type="yarn", rope_type="yarn", rope_theta=1e6, factor=16.0, beta_fast=32.0, beta_slow=1.0,

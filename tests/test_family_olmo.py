@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import transformers
 from conftest import TINY
-from family_runner import FamilyTest, family_tests
+from family_runner import families_tests
 from helpers import GENAI_PROMPT, make_checkpoint
 from safetensors.numpy import load_file, save_file
 from test_blocks import EPS, np_layer_norm, np_rms_norm, run
@@ -52,19 +52,17 @@ def make(folder, config_class, config):
     return folder
 
 
-# config class -> (architecture, onnxruntime-genai's model type for it)
-ARCHITECTURES = {"OlmoConfig": ("OlmoForCausalLM", "olmo"), "Olmo2Config": ("Olmo2ForCausalLM", "olmo"),
-                 "Olmo3Config": ("Olmo3ForCausalLM", "olmo"), "Exaone4Config": ("Exaone4ForCausalLM", "decoder")}
-# One FamilyTest per architecture (its variants, the shared proofs from tests/family_runner.py);
-# the config proofs are CASES' below, which check more than the runner's fields.
-for config_class, (architecture, genai_type) in ARCHITECTURES.items():
-    rows = {name: overrides for name, (cls, overrides) in VARIANTS.items() if cls == config_class}
-    globals().update(family_tests(FamilyTest(
-        architecture, config_class, rows, base=BASE, name="", config_raws=(), genai_type=genai_type,
-        ragged=config_class == "Olmo3Config",
+# The shared proofs (tests/family_runner.py) per architecture, over its variants (OLMo 3's with a
+# ragged batch in genai); the config proofs are CASES' below, which check more than the runner's.
+for config_class, architecture, genai_type in (("OlmoConfig", "OlmoForCausalLM", "olmo"),
+                                               ("Olmo2Config", "Olmo2ForCausalLM", "olmo"),
+                                               ("Olmo3Config", "Olmo3ForCausalLM", "olmo"),
+                                               ("Exaone4Config", "Exaone4ForCausalLM", "decoder")):
+    globals().update(families_tests(VARIANTS, {config_class: dict(
+        architecture=architecture, genai_type=genai_type, ragged=config_class == "Olmo3Config",
         make=lambda folder, config, cls=config_class: make(folder, cls, config),
         layer_lists=config_class in ("Olmo3Config", "Exaone4Config"),
-    ), suffix=f"_{config_class.removesuffix('Config').lower()}"))
+    )}, base=BASE, config_raws=()))
 
 
 def test_clip_qkv_clamps(tmp_path):
