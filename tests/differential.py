@@ -338,7 +338,6 @@ def bases() -> list[Base]:
 
     out = [Base("llama", "LlamaConfig", {**TINY, "eos_token_id": 255})]
     out += _from_variants("test_parity_llama", TINY, ["mistral-window", "qwen2", "qwen3-tied"])
-    out += _from_variants("test_family_gptstyle", "GPT")
     out += _from_variants("test_family_moe", "BASE")
     out += _from_variants("test_family_moe2", "BASE")
     out += _from_variants("test_parity_gemma", "GEMMA")

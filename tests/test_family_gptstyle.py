@@ -1,17 +1,16 @@
-"""Phi (1.5/2), StableLM, StarCoder2 and Nemotron against transformers: fp32 and int4 logits, genai's
-greedy generation, config parsing; and the blocks they added (lm_head bias, LayerNorm q/k norms)."""
+"""Phi (1.5/2), StableLM, StarCoder2 and Nemotron against transformers: the shared family proofs per
+family (tests/family_runner.py: fp32, int4 and fp16 steps, genai's greedy generation), config
+parsing; and the blocks they added (lm_head bias, LayerNorm q/k norms)."""
 
-import json
 
 import numpy as np
 import pytest
 import transformers
 from conftest import TINY
-from fake_quant import assert_quantized_parity
-from helpers import GENAI_PROMPT, assert_parity, build, make_checkpoint
+from family_runner import families_tests
+from helpers import make_checkpoint
 from safetensors.numpy import load_file, save_file
 from test_blocks import np_layer_norm, run
-from test_genai import assert_same_greedy
 
 from builder.blocks import AttentionSpec, AttentionWeights, lm_head, self_attention
 from builder.lazy import Weight
@@ -35,15 +34,11 @@ VARIANTS = {
     "nemotron-bias": ("NemotronConfig", dict(head_dim=64, attention_bias=True, mlp_bias=True)),
     "nemotron-tied": ("NemotronConfig", dict(head_dim=64, partial_rotary_factor=0.25, tie_word_embeddings=True)),
 }
-# onnxruntime-genai 0.18 has no "stablelm" or "starcoder2" model type; "llama" is the same contract.
-GENAI_TYPE = {"PhiForCausalLM": "phi", "StableLmForCausalLM": "llama", "Starcoder2ForCausalLM": "llama",
-              "NemotronForCausalLM": "nemotron"}
 
 
-def make(folder, name):
-    """The variant's tiny checkpoint, every bias random (transformers initializes them to zero)."""
-    config_class, overrides = VARIANTS[name]
-    make_checkpoint(folder, config_class, **{**GPT, **overrides})
+def make(folder, config_class, config):
+    """A tiny checkpoint of `config_class`, every bias random (transformers initializes them to zero)."""
+    make_checkpoint(folder, config_class, **config)
     tensors = load_file(folder / "model.safetensors")
     rng = np.random.default_rng(1)
     for key in tensors:
@@ -53,32 +48,17 @@ def make(folder, name):
     return folder
 
 
-@pytest.fixture(scope="module", params=sorted(VARIANTS))
-def variant(request, tmp_path_factory):
-    return make(tmp_path_factory.mktemp(request.param), request.param)
-
-
-def test_fp32_matches_transformers(variant, tmp_path):
-    assert_parity(build(variant, tmp_path / "out", "-p", "fp32"), variant, tolerance=1e-4)
-
-
-def test_int4_matches_fake_quantized_transformers(variant, tmp_path):
-    out = build(variant, tmp_path / "out", "-p", "int4", "--accuracy-level", "0")
-    assert_quantized_parity(variant, out, exact=True)
-
-
-def test_genai_greedy_matches_transformers(variant, tmp_path):
-    out = build(variant, tmp_path / "out", "-p", "fp32")
-    architecture = json.loads((variant / "config.json").read_text())["architectures"][0]
-    assert json.loads((out / "genai_config.json").read_text())["model"]["type"] == GENAI_TYPE[architecture]
-    assert_same_greedy(out, variant, GENAI_PROMPT)
-
-
-@pytest.mark.parametrize("name", ["phi2", "stablelm2-12b", "starcoder2-window", "nemotron-bias"])
-def test_fp16_matches_transformers(name, tmp_path):
-    # See test_parity_llama: fp16 rounding through two layers, bound 1e-2 of the largest logit.
-    source = make(tmp_path / "src", name)
-    assert_parity(build(source, tmp_path / "out", "-p", "fp16"), source, tolerance=1e-2)
+# The shared proofs (tests/family_runner.py) per family over its variants, fp16 within 1e-2 (two
+# layers of float16 rounding); onnxruntime-genai 0.18 has no "stablelm" or "starcoder2" model type:
+# "llama" is the same contract. The config proofs are CONFIG_CASES' below.
+for config_class, architecture, genai_type in (("PhiConfig", "PhiForCausalLM", "phi"),
+                                               ("StableLmConfig", "StableLmForCausalLM", "llama"),
+                                               ("Starcoder2Config", "Starcoder2ForCausalLM", "llama"),
+                                               ("NemotronConfig", "NemotronForCausalLM", "nemotron")):
+    globals().update(families_tests(VARIANTS, {config_class: dict(
+        architecture=architecture, genai_type=genai_type,
+        make=lambda folder, config, cls=config_class: make(folder, cls, config),
+    )}, base=GPT, config_raws=(), fp16_tolerance=1e-2))
 
 
 # Config parsing: every field the build reads equals what transformers' config class resolves.
