@@ -320,7 +320,7 @@ def _from_maker(name: str, module: str, config_class: str, layer_lists: bool = T
 
 def _from_runner() -> list[Base]:
     """A base per variant of every family test on tests/family_runner.py (each test_family_*
-    module imported), named `{family}-{variant}`."""
+    module imported) whose family the installed transformers has, named by FamilyTest.base_name."""
     import importlib
 
     import family_runner
@@ -329,7 +329,7 @@ def _from_runner() -> list[Base]:
         importlib.import_module(path.stem)
     return [Base(spec.base_name(name), spec.config_class, {**spec.base, "eos_token_id": 255, **overrides},
                  spec.make, layer_lists=spec.layer_lists)
-            for spec in family_runner.SPECS for name, overrides in spec.variants.items()]
+            for spec in family_runner.SPECS if spec.available for name, overrides in spec.variants.items()]
 
 
 def bases() -> list[Base]:
