@@ -122,6 +122,19 @@ def moe_block(d: Decoder, h, m: Weights, router=sigmoid_router):
         return g.op.Add(y, dense_mlp(d, h, m.under("shared_experts."), c.moe_intermediate_size * c.n_shared_experts))
 
 
+def layer_with(attention):
+    """Glm4MoeDecoderLayer's layer (x + attn(norm(x)), then x + experts or the dense MLP of norm(x))
+    with another attention: `attention(d, weights under self_attn., i, h)` -> (output, present key,
+    present value) (MiniCPM5-MoE's gated one, MiMo-V2-Flash's)."""
+    def decoder_layer(d: Decoder, w: Weights, i: int):
+        c, m = d.c, w.under("mlp.")
+        return pre_norm_layer(d, w, i, None, None,
+                              lambda h: moe_block(d, h, m) if c.sparse(i) else dense_mlp(d, h, m, c.intermediate_size),
+                              attend=lambda h: attention(d, w.under("self_attn."), i, h))
+
+    return decoder_layer
+
+
 def decoder_layer(d: Decoder, w: Weights, i: int):
     """Glm4MoeDecoderLayer.forward: x + attn(norm(x)), then x + mlp(norm(x)); returns the layer's KV."""
     c, m, a = d.c, w.under("mlp."), w.under("self_attn.")
@@ -171,4 +184,4 @@ FAMILY = register(Family(
     ignored=("model.layers.*.self_attn.rotary_emb.inv_freq",),
 ))
 
-__all__ = ["FAMILY", "MODEL_TYPES", "STRUCTURE", "VARIANTS", "Glm4MoeConfig", "decoder_layer", "moe_block"]
+__all__ = ["FAMILY", "MODEL_TYPES", "STRUCTURE", "VARIANTS", "Glm4MoeConfig", "decoder_layer", "layer_with", "moe_block"]

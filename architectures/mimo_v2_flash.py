@@ -35,8 +35,7 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from architectures.glm4_moe import Glm4MoeConfig, moe_block
-from architectures.moe import dense_mlp, pre_norm_layer
+from architectures.glm4_moe import Glm4MoeConfig, layer_with
 from builder.architecture import Weights
 from builder.blocks import AttentionSpec
 from builder.blocks.attention import group_query_attention
@@ -221,12 +220,8 @@ def attention(d: Decoder, a: Weights, i: int, h: ir.Value):
     return out, present_k, present_v
 
 
-def decoder_layer(d: Decoder, w: Weights, i: int):
-    """MiMoV2FlashDecoderLayer.forward: x + attn(norm(x)), then x + mlp(norm(x)); returns the layer's KV."""
-    c, m = d.c, w.under("mlp.")
-    return pre_norm_layer(d, w, i, None, None,
-                          lambda h: moe_block(d, h, m) if c.sparse(i) else dense_mlp(d, h, m, c.intermediate_size),
-                          attend=lambda h: attention(d, w.under("self_attn."), i, h))
+# MiMoV2FlashDecoderLayer.forward: GLM-4.5's layer with this attention; returns the layer's KV.
+decoder_layer = layer_with(attention)
 
 
 FAMILY = register(Family(

@@ -20,8 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from architectures.glm4_moe import Glm4MoeConfig, moe_block
-from architectures.moe import dense_mlp, pre_norm_layer
+from architectures.glm4_moe import Glm4MoeConfig, layer_with
 from builder.architecture import Weights
 from builder.blocks import AttentionSpec, AttentionWeights
 from builder.blocks.gated_attention import gated_self_attention, split_query_gate
@@ -96,12 +95,8 @@ def attention(d: Decoder, a: Weights, i: int, h):
                                 gate_bias)
 
 
-def decoder_layer(d: Decoder, w: Weights, i: int):
-    """MiniCPM5MoeDecoderLayer.forward: x + attn(norm(x)), then x + mlp(norm(x)); returns the layer's KV."""
-    c, m = d.c, w.under("mlp.")
-    return pre_norm_layer(d, w, i, None, None,
-                          lambda h: moe_block(d, h, m) if c.sparse(i) else dense_mlp(d, h, m, c.intermediate_size),
-                          attend=lambda h: attention(d, w.under("self_attn."), i, h))
+# MiniCPM5MoeDecoderLayer.forward: GLM-4.5's layer with this attention; returns the layer's KV.
+decoder_layer = layer_with(attention)
 
 
 FAMILY = register(Family(

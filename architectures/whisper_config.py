@@ -49,33 +49,13 @@ class WhisperConfig:
             raise ValueError(f"activation_function {self.activation_function!r}; supported: {', '.join(ACTIVATIONS)}")
 
     # The text decoder, as DecoderInfo (builder.architecture.decoder_info) reads every family's.
-    @property
-    def model_type(self) -> str:
-        return MODEL_TYPE
-
-    @property
-    def num_hidden_layers(self) -> int:
-        return self.decoder_layers
-
-    @property
-    def hidden_size(self) -> int:
-        return self.d_model
-
-    @property
-    def num_attention_heads(self) -> int:
-        return self.decoder_attention_heads
-
-    @property
-    def num_key_value_heads(self) -> int:
-        return self.decoder_attention_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.decoder_attention_heads
-
-    @property
-    def encoder_head_dim(self) -> int:
-        return self.d_model // self.encoder_attention_heads
+    model_type = property(lambda self: MODEL_TYPE)
+    num_hidden_layers = property(lambda self: self.decoder_layers)
+    hidden_size = property(lambda self: self.d_model)
+    num_attention_heads = property(lambda self: self.decoder_attention_heads)
+    num_key_value_heads = property(lambda self: self.decoder_attention_heads)
+    head_dim = property(lambda self: self.d_model // self.decoder_attention_heads)
+    encoder_head_dim = property(lambda self: self.d_model // self.encoder_attention_heads)
 
     @property
     def max_position_embeddings(self) -> int:
