@@ -52,9 +52,10 @@ STRUCTURE: dict[str, dict[str, Any]] = {"FlintForCausalLM": dict(model_type="qwe
 
 
 @dataclass(frozen=True)
-class FlintConfig(DecoderConfig):
-    """config.json of FlintForCausalLM: the shared decoder keys (the KV heads, head_dim and the
-    window integers, as FlintConfig types them) and the experts'."""
+class SharedExpertKeys:
+    """config.json's keys of a sparse block of routed experts beside an always-on shared expert (Flint's,
+    LaraMini's), typed as their config classes type them, and the checks transformers' modeling
+    needs of them."""
 
     num_key_value_heads: int = 4
     head_dim: int = 128
@@ -64,6 +65,24 @@ class FlintConfig(DecoderConfig):
     num_experts: int = 256
     num_experts_per_tok: int = 6
     norm_topk_prob: bool = True
+
+    def check_experts(self, sparse: bool) -> None:
+        """Refuses experts builder cannot run or transformers cannot (`sparse`: some layer has them),
+        and a zero window on sliding layers."""
+        if sparse:
+            if self.hidden_act != "silu":
+                raise ValueError(f"hidden_act {self.hidden_act!r}: the experts run as SwiGLU (silu) only")
+            if self.num_experts_per_tok > self.num_experts:  # transformers' topk fails
+                raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} of {self.num_experts} experts")
+        if self.sliding_window == 0 and "sliding_attention" in self.layer_types:  # transformers' mask fails
+            raise ValueError("sliding_window 0 on sliding_attention layers")
+
+
+@dataclass(frozen=True)
+class FlintConfig(SharedExpertKeys, DecoderConfig):
+    """config.json of FlintForCausalLM: the shared decoder keys, the experts' (SharedExpertKeys) and
+    which layers have them."""
+
     decoder_sparse_step: int = 1
     mlp_only_layers: list[int] | None = None
 
@@ -73,13 +92,7 @@ class FlintConfig(DecoderConfig):
         if self.mlp_only_layers is None:  # FlintConfig.__post_init__
             object.__setattr__(self, "mlp_only_layers", [0, 1])
         super().__post_init__()
-        if any(map(self.sparse, range(self.num_hidden_layers))):
-            if self.hidden_act != "silu":
-                raise ValueError(f"hidden_act {self.hidden_act!r}: the experts run as SwiGLU (silu) only")
-            if self.num_experts_per_tok > self.num_experts:  # transformers' topk fails
-                raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} of {self.num_experts} experts")
-        if self.sliding_window == 0 and "sliding_attention" in self.layer_types:  # transformers' mask fails
-            raise ValueError("sliding_window 0 on sliding_attention layers")
+        self.check_experts(any(map(self.sparse, range(self.num_hidden_layers))))
 
     def default_layer_types(self) -> list[str]:
         """FlintConfig.__post_init__: full attention on layers 0, 1, every fourth from 1 and the last."""
@@ -113,17 +126,21 @@ def router(d: Decoder, h: ir.Value, m: Weights) -> tuple[ir.Value, ir.Value, ir.
     return logits, index, g.op.CastLike(weight, h)
 
 
-def mlp(d: Decoder, h: ir.Value, m: Weights, i: int) -> ir.Value:
-    """FlintSparseMoeBlock.forward (the routed experts plus the shared expert), or a dense layer's MLP."""
+def shared_expert_block(d: Decoder, h: ir.Value, m: Weights, route=None) -> ir.Value:
+    """FlintSparseMoeBlock.forward: the routed experts (chosen by `route(d, h, m)` -> (logits, index,
+    weight), default this module's router) plus the ungated shared expert (LaraMini's block too)."""
     g, c = d.g, d.c
-    if not c.sparse(i):
-        return dense_mlp(d, h, m, c.intermediate_size)
     with g.scope("gate"):
-        logits, index, weight = router(d, h, m)
+        logits, index, weight = (route or router)(d, h, m)
     experts = expert_matrices(m, c.num_experts, c.hidden_size, c.moe_intermediate_size)
     y = routed_experts(g, h, logits, index, weight, c.num_experts_per_tok, *experts, d.target)
     with g.scope("shared_expert"):
         return g.op.Add(y, dense_mlp(d, h, m.under("shared_expert."), c.shared_expert_intermediate_size))
+
+
+def mlp(d: Decoder, h: ir.Value, m: Weights, i: int) -> ir.Value:
+    """The sparse block, or a dense layer's MLP."""
+    return shared_expert_block(d, h, m) if d.c.sparse(i) else dense_mlp(d, h, m, d.c.intermediate_size)
 
 
 def decoder_layer(d: Decoder, w: Weights, i: int):
