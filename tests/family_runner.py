@@ -20,6 +20,7 @@ Special features keep their own failing-before tests beside these, in the family
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -73,13 +74,16 @@ def reference_steps(model, ids, steps):
     """transformers' logits for a prefill, then `steps` greedy decode steps with its cache; the ids fed.
     Each step gets its position, as generate() gives it: Bamba's model counts positions from 0
     without them (its decode step then differs from its own full forward by 3.0 on a tiny model)."""
+    # transformers 5.25 names the cache `cache` (`past_key_values` is its deprecated alias, which
+    # Ergo's forward ignores: its decode steps then ran uncached, 0.45 off its own full forward)
+    cache = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     with torch.no_grad():
         out = model(torch.tensor([ids]), use_cache=True)
         results, fed = [out.logits[0].numpy()], []
         for _ in range(steps):
             fed.append(int(out.logits[0, -1].argmax()))
             position = torch.tensor([[len(ids) + len(fed) - 1]])
-            out = model(torch.tensor([[fed[-1]]]), past_key_values=out.past_key_values, position_ids=position,
+            out = model(torch.tensor([[fed[-1]]]), **{cache: out.past_key_values}, position_ids=position,
                         use_cache=True)
             results.append(out.logits[0].numpy())
     return results, fed
