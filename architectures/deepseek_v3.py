@@ -46,7 +46,7 @@ from builder.blocks.attention import group_query_attention
 from builder.blocks.linear import linear
 from builder.blocks.moe import grouped_softmax_router
 from builder.blocks.norm import rms_norm
-from builder.family import Decoder, Family, ModelType, register
+from builder.family import Decoder, Family, ModelType, normed_attention, register
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "DeepseekV3ForCausalLM": dict(
@@ -219,10 +219,7 @@ def decoder_layer(d: Decoder, w: Weights, i: int):
     """DeepseekV3DecoderLayer.forward: x + mla(norm(x)), then x + mlp(norm(x)); returns the latent KV."""
     g, c = d.g, d.c
     H, m = c.hidden_size, w.under("mlp.")
-    with g.scope("input_layernorm"):
-        h = d.stream.norm(w("input_layernorm.weight", H))
-    with g.scope("self_attn"):
-        h, key, value = latent_attention(d, w.under("self_attn."), i, h)
+    h, key, value = normed_attention(d, w, i, latent_attention)
     d.stream.add(h)
     with g.scope("post_attention_layernorm"):
         h = d.stream.norm(w("post_attention_layernorm.weight", H))

@@ -53,7 +53,7 @@ from builder.decoder_config import DecoderConfig
 from builder.errors import BuildError
 from builder.lazy import Weight
 from builder.hf_config import rope_parameters as hf_rope_parameters
-from builder.family import Decoder, Family, ModelType, parse, register, whole_head_rotary
+from builder.family import Decoder, Family, ModelType, normed_attention, parse, register, whole_head_rotary
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 
@@ -284,10 +284,7 @@ def decoder_layer(d: Decoder, w: Weights, i: int):
     """ErgoDecoderLayer.forward: both branches sandwich-normed and gated into the residual; returns the KV."""
     g, c = d.g, d.c
     H = c.hidden_size
-    with g.scope("input_layernorm"):
-        h = d.stream.norm(w("input_layernorm.weight", H))
-    with g.scope("self_attn"):
-        h, key, value = attention(d, w.under("self_attn."), i, h)
+    h, key, value = normed_attention(d, w, i, attention)
     gated(d, w, "post_attention_layernorm", "attention_residual_gate", h)
     with g.scope("pre_feedforward_layernorm"):
         h = d.stream.norm(w("pre_feedforward_layernorm.weight", H))

@@ -32,7 +32,7 @@ from builder.blocks.attention_positions import attention_temperature, chunk_mask
 from builder.blocks.linear import linear
 from builder.blocks.moe import routed_experts
 from builder.decoder_config import DecoderConfig
-from builder.family import Decoder, Family, parse, register
+from builder.family import Decoder, Family, normed_attention, parse, register
 from builder.hf_config import text_config
 from builder.inputs.source import Checkpoint
 from builder.lazy import Weight
@@ -188,10 +188,7 @@ def decoder_layer(d: Decoder, w: Weights, i: int):
     """Llama4TextDecoderLayer.forward; returns the layer's KV."""
     g, c = d.g, d.c
     H = c.hidden_size
-    with g.scope("input_layernorm"):
-        h = d.stream.norm(w("input_layernorm.weight", H))
-    with g.scope("self_attn"):
-        h, key, value = attention(d, w.under("self_attn."), i, h)
+    h, key, value = normed_attention(d, w, i, attention)
     d.stream.add(h)
     with g.scope("post_attention_layernorm"):
         h = d.stream.norm(w("post_attention_layernorm.weight", H))

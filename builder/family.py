@@ -114,6 +114,16 @@ def rms_stream(d: Decoder, x: ir.Value) -> ResidualStream:
     return ResidualStream(d.g, x, d.c.rms_norm_eps, d.target)
 
 
+def normed_attention(d: Decoder, w: Weights, i: int, attend: Callable, norm: str = "input_layernorm"):
+    """A pre-norm layer's first half up to its residual: `norm`(x) in its module's scope, then
+    attend(d, the weights under self_attn., i, h) in self_attn's; returns what `attend` returns (the
+    attention's output, then the layer's presents)."""
+    with d.g.scope(norm):
+        h = d.stream.norm(w(f"{norm}.weight", d.c.hidden_size))
+    with d.g.scope("self_attn"):
+        return attend(d, w.under("self_attn."), i, h)
+
+
 def final_norm(d: Decoder) -> ir.Value:
     """The decoder's norm (under its prefix) over the residual stream."""
     with d.g.scope("model", "norm"):
@@ -285,5 +295,5 @@ def register(family: Family) -> Family:
     return family
 
 
-__all__ = ["FAMILIES", "Decoder", "Family", "ModelType", "conv_padding", "embed", "final_norm", "logits", "parse", "register", "rms_stream",
+__all__ = ["FAMILIES", "Decoder", "Family", "ModelType", "normed_attention", "conv_padding", "embed", "final_norm", "logits", "parse", "register", "rms_stream",
            "rotary", "rotary_by_layer_type", "tied_vocabulary"]
