@@ -268,3 +268,28 @@ def families_tests(variants: dict[str, tuple[str, dict[str, Any]]], families: di
         spec = FamilyTest(config_class=config_class, variants=rows, **{"name": "", **common, **fields})
         tests.update(family_tests(spec, suffix=f"_{config_class.removesuffix('Config').lower()}"))
     return tests
+
+
+def assert_grouped_routing(routers: list[tuple[np.ndarray, np.ndarray]], k: int, groups: int, kept: int) -> None:
+    """DeepSeek-V3's grouped sigmoid routing (GLM-4.5's, dots1's, MiniCPM5-MoE's, MiMo-V2-Flash's),
+    proved by the parity tests only where its choices are clear-cut: for every router's (logits
+    (tokens, experts), correction bias), no near-tie in the `kept` of `groups` groups (each scored by
+    its best two) nor in the top `k` within them; and both the group restriction and the bias
+    change some token's experts (else the proofs would not see them wrong)."""
+    by_groups = by_bias = 0
+    for logits, bias in routers:
+        s = 1 / (1 + np.exp(-logits.astype(np.float64)))
+        choice = s + bias
+        group = np.sort(choice.reshape(len(s), groups, -1), -1)[..., -2:].sum(-1)  # (tokens, groups)
+        ranked = np.sort(group, -1)[:, ::-1]
+        assert (ranked[:, kept - 1] - ranked[:, kept]).min() > 1e-3, "a near-tie in the group choice"
+        mask = np.zeros_like(group, bool)
+        np.put_along_axis(mask, np.argsort(-group, -1)[:, :kept], True, -1)
+        masked = np.where(np.repeat(mask, s.shape[1] // groups, -1), choice, -np.inf)
+        top = np.sort(masked, -1)[:, ::-1]
+        assert (top[:, k - 1] - top[:, k]).min() > 1e-3, "a near-tie in the top-k choice"
+        chosen = np.sort(np.argsort(-masked, -1)[:, :k], -1)
+        by_groups += (chosen != np.sort(np.argsort(-choice, -1)[:, :k], -1)).any(-1).sum()
+        by_bias += (chosen != np.sort(np.argsort(-s, -1)[:, :k], -1)).any(-1).sum()
+    assert by_groups > 0, "the group restriction never changes the experts chosen"
+    assert by_bias > 0, "the correction bias never changes the experts chosen"

@@ -12,6 +12,7 @@ import pytest
 import torch
 import transformers
 from conftest import TINY
+from family_runner import assert_grouped_routing
 from helpers import GENAI_PROMPT, PROMPT, assert_parity, build, make_checkpoint
 from safetensors.numpy import load_file, save_file
 from test_family_moe import assert_rounded_parity, fake_quantize_experts
@@ -75,27 +76,9 @@ def test_routing_is_decisive_and_groups_and_bias_change_it(glm4_moe):
     model = transformers.AutoModelForCausalLM.from_pretrained(glm4_moe, dtype=torch.float32).eval()
     biases = [r.e_score_correction_bias.detach().numpy() for r in routers(model)]
     k, G, kept = CONFIG["num_experts_per_tok"], CONFIG["n_group"], CONFIG["topk_group"]
-    by_groups = by_bias = 0
-    for ids in (PROMPT, GENAI_PROMPT):
-        seen = router_logits(model, ids)
-        assert len(seen) == len(biases) == 2
-        for logits, bias in zip(seen, biases):
-            s = 1 / (1 + np.exp(-logits.astype(np.float64)))
-            choice = s + bias
-            group = np.sort(choice.reshape(len(s), G, -1), -1)[..., -2:].sum(-1)  # (tokens, G)
-            ranked = np.sort(group, -1)[:, ::-1]
-            assert (ranked[:, kept - 1] - ranked[:, kept]).min() > 1e-3, "a near-tie in the group choice"
-            chosen_groups = np.argsort(-group, -1)[:, :kept]
-            mask = np.zeros_like(group, bool)
-            np.put_along_axis(mask, chosen_groups, True, -1)
-            masked = np.where(np.repeat(mask, s.shape[1] // G, -1), choice, -np.inf)
-            top = np.sort(masked, -1)[:, ::-1]
-            assert (top[:, k - 1] - top[:, k]).min() > 1e-3, "a near-tie in the top-k choice"
-            chosen = np.sort(np.argsort(-masked, -1)[:, :k], -1)
-            by_groups += (chosen != np.sort(np.argsort(-choice, -1)[:, :k], -1)).any(-1).sum()
-            by_bias += (chosen != np.sort(np.argsort(-s, -1)[:, :k], -1)).any(-1).sum()
-    assert by_groups > 0, "the group restriction never changes the experts chosen"
-    assert by_bias > 0, "the correction bias never changes the experts chosen"
+    seen = [router_logits(model, ids) for ids in (PROMPT, GENAI_PROMPT)]
+    assert all(len(layer) == len(biases) == 2 for layer in seen)
+    assert_grouped_routing([(logits, bias) for layer in seen for logits, bias in zip(layer, biases)], k, G, kept)
 
 
 def test_fp32_matches_transformers(glm4_moe, tmp_path):

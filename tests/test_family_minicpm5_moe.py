@@ -9,7 +9,7 @@ import pytest
 import torch
 import transformers
 from conftest import TINY
-from family_runner import (CONFIG_FIELDS, FamilyTest, assert_steps_match, family_tests, load)
+from family_runner import CONFIG_FIELDS, FamilyTest, assert_grouped_routing, assert_steps_match, family_tests, load
 from helpers import GENAI_PROMPT, PROMPT, build, make_checkpoint, relative_error
 from safetensors.numpy import load_file, save_file
 from test_family_moe import fake_quantize_experts
@@ -100,24 +100,8 @@ def test_routing_is_decisive_and_groups_and_bias_change_it(groups):
         h.remove()
     config = VARIANTS["groups"]
     k, G, kept = config["num_experts_per_tok"], config["n_group"], config["topk_group"]
-    by_groups = by_bias = 0
     assert len(seen) == 2
-    for logits, router in zip(seen, routers):
-        s = 1 / (1 + np.exp(-logits.astype(np.float64)))
-        choice = s + router.e_score_correction_bias.numpy()
-        group = np.sort(choice.reshape(len(s), G, -1), -1)[..., -2:].sum(-1)  # (tokens, G)
-        ranked = np.sort(group, -1)[:, ::-1]
-        assert (ranked[:, kept - 1] - ranked[:, kept]).min() > 1e-3, "a near-tie in the group choice"
-        mask = np.zeros_like(group, bool)
-        np.put_along_axis(mask, np.argsort(-group, -1)[:, :kept], True, -1)
-        masked = np.where(np.repeat(mask, s.shape[1] // G, -1), choice, -np.inf)
-        top = np.sort(masked, -1)[:, ::-1]
-        assert (top[:, k - 1] - top[:, k]).min() > 1e-3, "a near-tie in the top-k choice"
-        chosen = np.sort(np.argsort(-masked, -1)[:, :k], -1)
-        by_groups += (chosen != np.sort(np.argsort(-choice, -1)[:, :k], -1)).any(-1).sum()
-        by_bias += (chosen != np.sort(np.argsort(-s, -1)[:, :k], -1)).any(-1).sum()
-    assert by_groups > 0, "the group restriction never changes the experts chosen"
-    assert by_bias > 0, "the correction bias never changes the experts chosen"
+    assert_grouped_routing([(logits, r.e_score_correction_bias.numpy()) for logits, r in zip(seen, routers)], k, G, kept)
 
 
 def test_the_gate_changes_the_logits(groups):
