@@ -276,20 +276,25 @@ def assert_grouped_routing(routers: list[tuple[np.ndarray, np.ndarray]], k: int,
     (tokens, experts), correction bias), no near-tie in the `kept` of `groups` groups (each scored by
     its best two) nor in the top `k` within them; and both the group restriction and the bias
     change some token's experts (else the proofs would not see them wrong)."""
+
+    def grouped(choice: np.ndarray, check: bool) -> np.ndarray:
+        """The experts the router picks by `choice`: the top k within the kept groups, sorted."""
+        group = np.sort(choice.reshape(len(choice), groups, -1), -1)[..., -2:].sum(-1)  # (tokens, groups)
+        ranked = np.sort(group, -1)[:, ::-1]
+        mask = np.zeros_like(group, bool)
+        np.put_along_axis(mask, np.argsort(-group, -1)[:, :kept], True, -1)
+        masked = np.where(np.repeat(mask, choice.shape[1] // groups, -1), choice, -np.inf)
+        top = np.sort(masked, -1)[:, ::-1]
+        if check:
+            assert (ranked[:, kept - 1] - ranked[:, kept]).min() > 1e-3, "a near-tie in the group choice"
+            assert (top[:, k - 1] - top[:, k]).min() > 1e-3, "a near-tie in the top-k choice"
+        return np.sort(np.argsort(-masked, -1)[:, :k], -1)
+
     by_groups = by_bias = 0
     for logits, bias in routers:
         s = 1 / (1 + np.exp(-logits.astype(np.float64)))
-        choice = s + bias
-        group = np.sort(choice.reshape(len(s), groups, -1), -1)[..., -2:].sum(-1)  # (tokens, groups)
-        ranked = np.sort(group, -1)[:, ::-1]
-        assert (ranked[:, kept - 1] - ranked[:, kept]).min() > 1e-3, "a near-tie in the group choice"
-        mask = np.zeros_like(group, bool)
-        np.put_along_axis(mask, np.argsort(-group, -1)[:, :kept], True, -1)
-        masked = np.where(np.repeat(mask, s.shape[1] // groups, -1), choice, -np.inf)
-        top = np.sort(masked, -1)[:, ::-1]
-        assert (top[:, k - 1] - top[:, k]).min() > 1e-3, "a near-tie in the top-k choice"
-        chosen = np.sort(np.argsort(-masked, -1)[:, :k], -1)
-        by_groups += (chosen != np.sort(np.argsort(-choice, -1)[:, :k], -1)).any(-1).sum()
-        by_bias += (chosen != np.sort(np.argsort(-s, -1)[:, :k], -1)).any(-1).sum()
+        chosen = grouped(s + bias, check=True)
+        by_groups += (chosen != np.sort(np.argsort(-(s + bias), -1)[:, :k], -1)).any(-1).sum()
+        by_bias += (chosen != grouped(s, check=False)).any(-1).sum()
     assert by_groups > 0, "the group restriction never changes the experts chosen"
     assert by_bias > 0, "the correction bias never changes the experts chosen"
