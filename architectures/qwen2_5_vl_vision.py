@@ -53,9 +53,16 @@ TOWER_PREFIXES = ("visual.", "model.visual.")
 NORM_EPS = 1e-6  # Qwen2_5_VLVisionBlock's and the merger's RMSNorm
 
 
+@dataclass(frozen=True)
 class VisionGeometry:
-    """What both Qwen-VL encoders derive from their vision_config (Qwen3-VL's reuses it): the head
-    size, one flattened patch, the rotary base, and the checks they share."""
+    """What both Qwen-VL encoders' vision_config share (Qwen3-VL's reuses it): the keys whose
+    defaults both config classes give alike, and what they derive from them: the head size, one
+    flattened patch, the rotary base, and the checks they share."""
+
+    num_heads: int = 16
+    in_channels: int = 3
+    spatial_merge_size: int = 2
+    temporal_patch_size: int = 2
 
     def check_heads(self) -> None:
         """Heads that the 2-D rotary can split in four."""
@@ -91,11 +98,7 @@ class Qwen2_5_VLVisionConfig(VisionGeometry):
     hidden_size: int = 3584
     hidden_act: str = "silu"
     intermediate_size: int = 3420
-    num_heads: int = 16
-    in_channels: int = 3
     patch_size: int = 14
-    spatial_merge_size: int = 2
-    temporal_patch_size: int = 2
     tokens_per_second: int = 4
     window_size: int = 112
     out_hidden_size: int = 3584

@@ -45,11 +45,7 @@ class Qwen3VLVisionConfig(VisionGeometry):
     hidden_size: int = 1152
     hidden_act: str = "gelu_pytorch_tanh"
     intermediate_size: int = 4304
-    num_heads: int = 16
-    in_channels: int = 3
     patch_size: int = 16
-    spatial_merge_size: int = 2
-    temporal_patch_size: int = 2
     out_hidden_size: int = 3584
     num_position_embeddings: int = 2304
     deepstack_visual_indexes: list[int] = field(default_factory=lambda: [8, 16, 24])
