@@ -84,6 +84,22 @@ STRUCTURE: dict[str, dict[str, Any]] = {
 }
 
 
+def latent_cache(c) -> None:
+    """Checks what transformers' MLA needs of a config (DeepSeek-V3's, LongCat-Flash's) and sets the
+    latent cache's shape in its place: one KV head of the rotated part and the rank."""
+    if c.head_dim is not None and c.head_dim != c.qk_rope_head_dim:
+        # transformers' rotary spans config.json's head_dim (DeepseekV3Config sets it to
+        # qk_rope_head_dim only when absent): any other width fails in its forward.
+        raise ValueError(f"head_dim {c.head_dim} is not qk_rope_head_dim ({c.qk_rope_head_dim}), the width "
+                         "transformers rotates: it cannot run this config")
+    if c.num_key_value_heads not in (None, c.num_attention_heads):
+        # transformers' MLA repeats no KV heads: any other count fails its forward
+        raise ValueError(f"num_key_value_heads {c.num_key_value_heads} is not num_attention_heads "
+                         f"({c.num_attention_heads}), which transformers' MLA needs: it cannot run this config")
+    object.__setattr__(c, "head_dim", c.qk_rope_head_dim + c.kv_lora_rank)
+    object.__setattr__(c, "num_key_value_heads", 1)
+
+
 @dataclass(frozen=True)
 class DeepseekV3Config(Glm4MoeConfig):
     """config.json of DeepSeek-V3: GLM-4.5's expert keys (the router is the same) and MLA's.
@@ -113,17 +129,7 @@ class DeepseekV3Config(Glm4MoeConfig):
                              "group_limited_greedy (V2)")
         if self.mlp_bias:
             raise ValueError("mlp_bias: DeepSeek-V2 MLPs with biases are not built (no released checkpoint has them)")
-        if self.head_dim is not None and self.head_dim != self.qk_rope_head_dim:
-            # transformers' rotary spans config.json's head_dim (DeepseekV3Config sets it to
-            # qk_rope_head_dim only when absent): any other width fails in its forward.
-            raise ValueError(f"head_dim {self.head_dim} is not qk_rope_head_dim ({self.qk_rope_head_dim}), the width "
-                             "transformers rotates: it cannot run this config")
-        if self.num_key_value_heads not in (None, self.num_attention_heads):
-            # transformers' DeepseekV3Attention repeats no KV heads: any other count fails its forward
-            raise ValueError(f"num_key_value_heads {self.num_key_value_heads} is not num_attention_heads "
-                             f"({self.num_attention_heads}), which transformers' MLA needs: it cannot run this config")
-        set_(self, "head_dim", self.qk_rope_head_dim + self.kv_lora_rank)
-        set_(self, "num_key_value_heads", 1)
+        latent_cache(self)
         if self.qk_rope_head_dim % 2:
             raise ValueError(f"qk_rope_head_dim {self.qk_rope_head_dim}: the rotary needs pairs")
         super().__post_init__()

@@ -103,6 +103,18 @@ def _prefix(ckpt: Checkpoint, prefixes: tuple[str, ...], probe: str) -> str:
     raise BuildError(f"the checkpoint has no {probe} under any of {', '.join(prefixes)}: no vision encoder to build")
 
 
+def mlp_branch(g: Graph, stream: ResidualStream, w: Weights, norm: str, names: tuple[str, str], H: int, I: int,
+               act: str, target: Target) -> None:
+    """A vision encoder layer's second half (SigLIP's, Qwen3-VL's): `norm` (a LayerNorm with bias),
+    then `mlp`'s up and down projections `names` (with biases) around `act`, added to the stream."""
+    with g.scope(norm):
+        h = stream.norm(w(f"{norm}.weight", H), w(f"{norm}.bias", H))
+    m, (up, down) = w.under("mlp."), names
+    with g.scope("mlp"):
+        stream.add(plain_mlp(g, h, m(f"{up}.weight", I, H), m(f"{down}.weight", H, I), act, target,
+                             (m(f"{up}.bias", I), m(f"{down}.bias", H)), names=names))
+
+
 def encoder_layer(g: Graph, stream: ResidualStream, w: Weights, c: Gemma3VisionConfig, target: Target) -> None:
     """SiglipEncoderLayer.forward: x + attn(layer_norm1(x)), then + mlp(layer_norm2(x))."""
     H, I = c.hidden_size, c.intermediate_size
@@ -114,12 +126,7 @@ def encoder_layer(g: Graph, stream: ResidualStream, w: Weights, c: Gemma3VisionC
         # Every patch attends to every patch (SiglipAttention.is_causal is False): no mask.
         h = g.ms.MultiHeadAttention(q, k, v, num_heads=c.num_attention_heads, scale=c.head_dim ** -0.5)
         stream.add(_projection(g, h, a, "out_proj", H, H, target))
-    with g.scope("layer_norm2"):
-        h = stream.norm(w("layer_norm2.weight", H), w("layer_norm2.bias", H))
-    m = w.under("mlp.")
-    with g.scope("mlp"):
-        stream.add(plain_mlp(g, h, m("fc1.weight", I, H), m("fc2.weight", H, I), c.hidden_act, target,
-                             (m("fc1.bias", I), m("fc2.bias", H)), names=("fc1", "fc2")))
+    mlp_branch(g, stream, w, "layer_norm2", ("fc1", "fc2"), H, I, c.hidden_act, target)
 
 
 def _projection(g: Graph, x: ir.Value, w: Weights, name: str, out: int, inp: int, target: Target) -> ir.Value:

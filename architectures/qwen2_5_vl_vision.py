@@ -317,14 +317,20 @@ def build(g: Graph, pixels: ir.Value, grid: ir.Value, ckpt: Checkpoint, c: Qwen2
                           merger("mlp.2.bias", c.out_hidden_size))  # (N / m², out_hidden_size)
 
 
-def vision_model(ckpt: Checkpoint, c: Qwen2_5_VLVisionConfig, target: Target, g: Graph | None = None) -> ir.Model:
-    """The whole vision model: inputs `pixel_values` (patches, C·T·P·P) in the target's IO dtype
-    and `image_grid_thw` (1, 3) int64; output `image_features` (tokens, out_hidden_size)."""
+def tower_model(record, width: int, ckpt: Checkpoint, c, target: Target, g: Graph | None = None) -> ir.Model:
+    """A Qwen-VL vision model, its tower recorded by `record(g, pixels, grid, ckpt, c, target)`: inputs
+    `pixel_values` (patches, C·T·P·P) in the target's IO dtype and `image_grid_thw` (1, 3) int64;
+    output `image_features` (tokens, `width`)."""
     g = g or Graph()
     dtype = tensor_type(target.io_dtype)
     pixels = ir.Value(name="pixel_values", type=dtype, shape=ir.Shape(("num_patches", c.patch_values)))
     grid = ir.Value(name="image_grid_thw", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape((1, 3)))
-    features = build(g, pixels, grid, ckpt, c, target)
+    features = record(g, pixels, grid, ckpt, c, target)
     features.name, features.type = "image_features", dtype
-    features.shape = ir.Shape(("num_image_tokens", c.out_hidden_size))
+    features.shape = ir.Shape(("num_image_tokens", width))
     return g.model([pixels, grid], [features])
+
+
+def vision_model(ckpt: Checkpoint, c: Qwen2_5_VLVisionConfig, target: Target, g: Graph | None = None) -> ir.Model:
+    """The whole vision model: image_features (tokens, out_hidden_size) from the patches (tower_model)."""
+    return tower_model(build, c.out_hidden_size, ckpt, c, target, g)

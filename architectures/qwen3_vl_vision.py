@@ -21,13 +21,13 @@ from typing import Any
 import numpy as np
 import onnx_ir as ir
 
-from architectures.qwen2_5_vl_vision import (TOWER_PREFIXES, AttentionGroups, Patches, VisionGeometry, attention,
+from architectures.qwen2_5_vl_vision import (TOWER_PREFIXES, AttentionGroups, Patches, VisionGeometry, attention, tower_model,
                                              frames, patches, vision_rotary)
+from architectures.gemma3_vision import mlp_branch
 from builder.architecture import Weights, prefix_holding
-from builder.blocks import ResidualStream, activation, layer_norm, linear, plain_mlp
+from builder.blocks import ResidualStream, activation, layer_norm, linear
 from builder.config_checks import config_object
 from builder.graph import Graph
-from builder.io import tensor_type
 from builder.hf_config import from_dict
 from builder.inputs.source import Checkpoint
 from builder.target import Target
@@ -128,12 +128,7 @@ def block(g: Graph, stream: ResidualStream, w: Weights, c: Qwen3VLVisionConfig, 
         h = stream.norm(w("norm1.weight", H), w("norm1.bias", H))
     with g.scope("attn"):
         stream.add(attention(g, h, w.under("attn."), H, c.num_heads, rotary, groups, target))
-    with g.scope("norm2"):
-        h = stream.norm(w("norm2.weight", H), w("norm2.bias", H))
-    m = w.under("mlp.")
-    with g.scope("mlp"):
-        stream.add(plain_mlp(g, h, m("linear_fc1.weight", I, H), m("linear_fc2.weight", H, I), c.hidden_act, target,
-                             (m("linear_fc1.bias", I), m("linear_fc2.bias", H)), names=("linear_fc1", "linear_fc2")))
+    mlp_branch(g, stream, w, "norm2", ("linear_fc1", "linear_fc2"), H, I, c.hidden_act, target)
 
 
 def build(g: Graph, pixels: ir.Value, grid: ir.Value, ckpt: Checkpoint, c: Qwen3VLVisionConfig,
@@ -174,11 +169,4 @@ def build(g: Graph, pixels: ir.Value, grid: ir.Value, ckpt: Checkpoint, c: Qwen3
 def vision_model(ckpt: Checkpoint, c: Qwen3VLVisionConfig, target: Target, g: Graph | None = None) -> ir.Model:
     """The whole vision model: inputs `pixel_values` (patches, C·T·P·P) and `image_grid_thw` (1, 3)
     int64; output `image_features` (tokens, (1 + k) · out_hidden_size)."""
-    g = g or Graph()
-    dtype = tensor_type(target.io_dtype)
-    pixels = ir.Value(name="pixel_values", type=dtype, shape=ir.Shape(("num_patches", c.patch_values)))
-    grid = ir.Value(name="image_grid_thw", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape((1, 3)))
-    features = build(g, pixels, grid, ckpt, c, target)
-    features.name, features.type = "image_features", dtype
-    features.shape = ir.Shape(("num_image_tokens", c.features_width))
-    return g.model([pixels, grid], [features])
+    return tower_model(build, c.features_width, ckpt, c, target, g)
