@@ -189,9 +189,21 @@ def decoder_layer(d: Decoder, w: Weights, i: int):
     return key, value
 
 
+def prepare(d: Decoder) -> dict:
+    """The build's state across half-layers (layer l's expert output, from its first half to its
+    second), and the zero experts' tensors marked unused: transformers 5.23 saved weights for
+    experts n_routed_experts .. + zero_expert_num, which its forward never reads (they are identity)."""
+    c = d.c
+    zero = tuple(f".mlp.experts.{e}." for e in range(c.n_routed_experts, c.n_routed_experts + c.zero_expert_num))
+    for name in list(d.ckpt.tensors) if zero else ():
+        if any(z in name for z in zero):
+            d.ckpt.consume(name)
+    return {}
+
+
 FAMILY = register(Family(
     "longcat_flash", LongcatFlashConfig, decoder_layer, VARIANTS, structure=STRUCTURE, rotary=latent_rotary,
-    prepare=lambda d: {}, ignored=("model.mtp.*", "model.layers.*.mlp.router.classifier.bias"),
+    prepare=prepare, ignored=("model.mtp.*", "model.layers.*.mlp.router.classifier.bias"),
 ))
 
 __all__ = ["FAMILY", "STRUCTURE", "VARIANTS", "LongcatFlashConfig", "decoder_layer"]

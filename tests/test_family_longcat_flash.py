@@ -78,6 +78,9 @@ def quantize(model, bits, block_size, symmetric, method="rtn"):
 globals().update(family_tests(FamilyTest(
     ARCHITECTURE, "LongcatFlashConfig", VARIANTS, base=BASE, make=make, ragged=True,
     quantize=quantize, layer_lists=True,  # num_hidden_layers is 2·num_layers: the count stays
+    # transformers 5.23's LongCat-Flash keeps weights for the zero experts (unread, and builder
+    # leaves them so) and misses 5.25's logits by 1.03e-4 on the yarn variant: builder follows 5.25
+    since=(5, 25),
     config_raws=(
         {},
         # LongCat-Flash-Chat's config.json: num_layers, its expert keys and the remote code's switches
