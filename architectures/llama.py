@@ -15,6 +15,7 @@ from builder.architecture import Weights, attention_weights
 from builder.blocks import AttentionSpec, gated_mlp, self_attention
 from builder.blocks.attention_positions import attention_temperature
 from builder.decoder_config import DecoderConfig
+from builder.errors import BuildError
 from builder.family import Decoder, Family, ModelType, parse, register
 
 QWEN = dict(vocab_size=151936, intermediate_size=22016, num_key_value_heads=32, max_position_embeddings=32768,
@@ -130,6 +131,11 @@ def parse_config(family: Family, raw: dict[str, Any], architecture: str) -> Llam
     """The config of `architecture`, a row of the family's VARIANTS and STRUCTURE (this module's, or
     those of a family that reuses this decoder with its own rows, as architectures/ministral.py does)."""
     defaults = family.variants[architecture]
+    if architecture == "InternLM3ForCausalLM" and raw.get("attention_bias", False) != raw.get("mlp_bias", False):
+        # InternLM3Config.validate_architecture: Llama's layer has one bias setting for q, k, v, o
+        raise BuildError(f"config.json: InternLM3 with qkv_bias {raw.get('attention_bias', False)} and bias "
+                         f"{raw.get('mlp_bias', False)}: transformers builds it as Llama, whose layer takes one "
+                         "bias setting for both, and refuses it")
     if "rope_parameters" in defaults and not (raw.get("rope_scaling") or raw.get("rope_parameters")):
         raw = dict(raw, rope_parameters=defaults["rope_parameters"])
     return parse(family, raw, architecture)

@@ -145,3 +145,14 @@ def test_listed_with_the_family():
         "internlm3": "InternLM3ForCausalLM", "iquestcoder": "IQuestCoderForCausalLM", "exaone": "ExaoneForCausalLM",
         "sarvam_moe": "SarvamMoEForCausalLM", "param2moe": "Param2MoeForCausalLM", "sarvam_mla": "SarvamMLAForCausalLM",
         "phimoe": "PhimoeForCausalLM"}.items()  # microsoft/Phi-3.5-MoE-instruct says PhiMoEForCausalLM
+
+
+@pytest.mark.parametrize("raw", [dict(qkv_bias=True), dict(bias=True), dict(qkv_bias=False, bias=True)])
+def test_internlm3_with_two_bias_settings_is_refused_as_transformers_refuses_it(raw):
+    # InternLM3Config.validate_architecture refuses qkv_bias != bias: Llama's layer has one setting
+    with pytest.raises(Exception, match="qkv_bias"):  # huggingface_hub's strict-dataclass validation error
+        transformers.InternLM3Config(**raw)
+    family = architectures.load("InternLM3ForCausalLM")
+    config = {**raw, "architectures": ["InternLM3ForCausalLM"], "model_type": "internlm3"}
+    with pytest.raises(architectures.BuildError, match="one bias setting"):
+        family.parse_config(config, "InternLM3ForCausalLM")
