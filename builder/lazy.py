@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import onnx_ir as ir
 
-from builder.lazy_results import StreamedTensor
+from builder.lazy_results import CONTENT_KEY, StreamedTensor
 from builder.materialize import (
     ROW_BLOCK_HELD,
     STREAM_BYTES,
@@ -48,7 +48,7 @@ class Weight:
         [[0.0, 3.0], [1.0, 4.0], [2.0, 5.0]]
     """
 
-    __slots__ = ("shape", "dtype", "_compute", "sources", "blocks", "pieces", "origin", "by_rows")
+    __slots__ = ("shape", "dtype", "_compute", "sources", "blocks", "pieces", "origin", "derived", "by_rows")
 
     def __init__(self, shape: Sequence[int], dtype: np.dtype | type, compute: Compute, sources: tuple[str, ...],
                  blocks: Blocks | None = None, pieces: tuple[Weight, ...] | None = None, by_rows: bool = False):
@@ -61,6 +61,9 @@ class Weight:
         # Where a checkpoint tensor's bytes lie, (file, offset, length), for a weight that is that
         # tensor as stored (no step applied): equal origins are equal values (`origin_key`).
         self.origin: tuple[str, int, int] | None = None
+        # What identifies a value made from such a tensor by steps that depend on nothing else
+        # (a cast, a transpose): (step, the input's `content()`, its setting), else None.
+        self.derived: tuple | None = None
         # Its value comes a block of rows at a time without being computed whole (a checkpoint
         # tensor as stored, a cast or row range of one, rows computed on demand, such values joined
         # along rows): written so when large (`to_ir`), what report.estimate counts as held.
@@ -82,6 +85,12 @@ class Weight:
         dtype and shape), or None for a weight with steps applied or made by code."""
         return None if self.origin is None else (*self.origin, self.dtype.str, self.shape)
 
+    def content(self) -> tuple | None:
+        """What identifies this value across the models of a build: its origin (`origin_key`), or
+        the cast or transpose of a value so identified; None otherwise. Equal keys are equal bytes,
+        which the writer stores once (a decoder's vocabulary that its draft head reads too)."""
+        return self.origin_key() or self.derived
+
     @classmethod
     def constant(cls, array: np.ndarray) -> Weight:
         return cls(array.shape, array.dtype, lambda _: array, ())
@@ -100,7 +109,9 @@ class Weight:
         if len(self.shape) != 2:
             raise ValueError(f"transpose expects a 2-D weight, got {self.shape}")
         inner = self._compute
-        return Weight(self.shape[::-1], self.dtype, lambda s: inner(s).T, self.sources)
+        out = Weight(self.shape[::-1], self.dtype, lambda s: inner(s).T, self.sources)
+        out.derived = _step("transpose", self.content())
+        return out
 
     def reshaped(self, *shape: int) -> Weight:
         """The same values in another shape (numpy's reshape at write time): DeepSeek's kv_b_proj
@@ -124,7 +135,9 @@ class Weight:
             return Weight.stack([p.astype(dtype) for p in self.pieces])
         inner = self._compute
         # The cast itself happens in numpy() when the result is copied out, fused with the layout copy.
-        return Weight(self.shape, dtype, lambda s: PendingCast(inner(s), dtype), self.sources, by_rows=self.by_rows)
+        out = Weight(self.shape, dtype, lambda s: PendingCast(inner(s), dtype), self.sources, by_rows=self.by_rows)
+        out.derived = _step("astype", self.content(), dtype.str)
+        return out
 
     def map(self, fn: Callable[[np.ndarray], np.ndarray], dtype: np.dtype | type | None = None) -> Weight:
         """Applies a numpy function (same shape) at write time, e.g. `lambda w: w + 1`."""
@@ -278,15 +291,25 @@ class Weight:
                     first += len(block)
                     yield block
 
-            return StreamedTensor(whole, blocks, self.dtype, self.shape, name,
-                                  held=ROW_BLOCK_HELD if self.by_rows else None)
-        return ir.LazyTensor(whole, dtype=ir.DataType.from_numpy(self.dtype), shape=ir.Shape(self.shape), name=name)
+            tensor = StreamedTensor(whole, blocks, self.dtype, self.shape, name,
+                                    held=ROW_BLOCK_HELD if self.by_rows else None)
+        else:
+            tensor = ir.LazyTensor(whole, dtype=ir.DataType.from_numpy(self.dtype), shape=ir.Shape(self.shape),
+                                   name=name)
+        if (key := self.content()) is not None:  # another model of the build may hold it: stored once
+            tensor.meta[CONTENT_KEY] = ("weight", key)
+        return tensor
 
     def _row_blocks(self) -> Iterator[np.ndarray]:
         """The value a block of rows at a time, its source pages handed back as it goes (see
         materialize.row_blocks)."""
         with contextlib.ExitStack() as stack:
             yield from row_blocks(self._compute(stack), self.shape, self.dtype)
+
+
+def _step(step: str, parent: tuple | None, setting: object = None) -> tuple | None:
+    """The content key of `step` applied to a value keyed `parent` (None: not identified)."""
+    return None if parent is None else (step, parent, setting)
 
 
 # A check of the arrays a lazy tensor writes: (a block along the first axis, its first index).

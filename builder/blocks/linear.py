@@ -80,7 +80,7 @@ def quantized_weight(g: Graph, weight: Weight, q: Quantization, scale_dtype: np.
             parts["lookup_zero_points"] = _flat_zero_points(m.zero_points, k_blocks)
         return qdq_parts(parts, k, bits, q.block_size) if q.qdq else parts
 
-    origin = weight.origin_key()
+    origin = weight.content()
     key = None if origin is None else ("quantized", origin, bits, q.block_size, q.symmetric, q.method,
                                        np.dtype(scale_dtype).str, q.qdq, flat)
     shared = SharedResult(compute, key=key)
