@@ -35,6 +35,7 @@ from builder.blocks.mlp import activation
 from builder.blocks.norm import rms_norm
 from builder.blocks.short_conv import causal_conv
 from builder.decoder_config import DecoderConfig
+from builder.draft_head import DraftHead, full_attention_layer
 from builder.state import Conv, LayerState, Recurrent
 from builder.family import Decoder, Family, conv_padding, parse, register
 from builder.hf_config import text_config
@@ -215,8 +216,10 @@ FAMILY = register(Family(
     "qwen3_5", Qwen3_5Config, decoder_layer, VARIANTS, parser=parse_config, prepare=conv_padding, partial_rotary=True,
     final_norm=final_norm, weights=Qwen3_5Weights,
     prefix=lambda d: decoder_prefix(d.ckpt),
-    # transformers skips these too: the multi-token-prediction head and (text build) the vision tower.
+    # transformers skips these too: the multi-token-prediction head (built as mtp.onnx unless --no-mtp)
+    # and (text build) the vision tower.
     ignored=("mtp.*", "model.visual.*"),
+    mtp=DraftHead(layer_config=full_attention_layer, norm=Qwen3_5Weights.norm),
 ))
 
 __all__ = ["FAMILY", "VARIANTS", "Qwen3_5Config", "decoder_layer"]

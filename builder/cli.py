@@ -278,6 +278,7 @@ EXTRA_OPTIONS = {
     "kv_cache_quant_scheme": ("kv_cache", lambda v: {"none": "float", "int8_per_tensor": "int8-per-tensor",
                                                      "int8_per_channel": "int8-per-channel"}[v.lower()]),
     "kv_cache_scale_file": ("kv_cache_scales", str),
+    "exclude_mtp": ("mtp", lambda v: not _bool(v)), "enable_mtp": ("mtp", _bool),
 }
 # Keys accepted only at the value that is what builder does anyway (its default there).
 EXTRA_OPTIONS_AS_DEFAULT = {

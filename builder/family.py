@@ -240,6 +240,7 @@ class Family:
     prefix: str | Callable[[Decoder], str] = "model."
     final_norm: Callable[[Decoder], ir.Value] = final_norm
     logits: Callable[[Decoder, ir.Value], ir.Value] = logits
+    mtp: Any = None  # its checkpoints' multi-token-prediction head (builder.draft_head.DraftHead), if any
 
     @property
     def architectures(self) -> tuple[str, ...]:
@@ -261,8 +262,9 @@ class Family:
         return self.parser(self, raw, architecture)
 
     def build(self, g: Graph, io: DecoderIO, ckpt: Checkpoint, c: Any,
-              target: Target) -> tuple[ir.Value, list[tuple[ir.Value, ir.Value]]]:
-        """The decoder graph: returns (logits, the present key and value of every layer)."""
+              target: Target) -> tuple[ir.Value, list[tuple[ir.Value, ir.Value]], ir.Value]:
+        """The decoder graph: returns (logits, every layer's presents, the final norm's output: the
+        hidden states lm_head reads, which a draft head reads too)."""
         if self.layer is None:
             raise ValueError(f"the {self.name} family's decoder is recorded by its package (Package.decoder)")
         d = Decoder(g, io, ckpt, c, target)
@@ -274,10 +276,10 @@ class Family:
         d.stream = self.stream(d, self.embed(d))
         presents = decoder_layers(g, ckpt, c.num_hidden_layers, lambda i, w: self.layer(d, w, i), d.prefix,
                                   self.weights)
-        h = self.final_norm(d)
+        hidden = h = self.final_norm(d)
         if target.last_logits_only:  # (B, S, H) -> (B, 1, H): lm_head for the row genai samples from
             h = last_positions(g, h, d.lengths.seqlens_k)
-        return self.logits(d, h), presents
+        return self.logits(d, h), presents, hidden
 
 
 FAMILIES: dict[str, Family] = {}

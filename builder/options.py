@@ -138,6 +138,9 @@ class BuildOptions:
                                  "what onnxruntime-genai samples from, for a prefill lm_head over one row per "
                                  "sequence instead of every prompt token (get_output('logits') then holds that row "
                                  "alone; text decoders only)")
+    mtp: bool = option(True, bool, "a checkpoint's multi-token-prediction head (Qwen3.5's mtp.*): built as mtp.onnx, "
+                       "a draft model for speculative decoding (builder.speculative), sharing the decoder's "
+                       "embedding and lm_head bytes", flag="--no-mtp", flag_value=False)
     text_only: bool = option(False, bool, "image-and-text models (Gemma 3 4b/12b/27b): build the text decoder "
                              "alone instead of the multimodal package (vision, embedding and decoder models)")
     cache_dir: str | None = option(None, str, "Hugging Face cache folder for downloads (default: huggingface_hub's, "

@@ -11,6 +11,7 @@ pipeline.py records and checks the decoder, then every model of the package, the
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from builder.image_processor import PROCESSOR_FILE
 from builder.target import Target
 
 __all__ = ["PACKAGES", "Package", "PackageModel", "image_models", "preprocessor_config", "register_package",
-           "vision_target"]
+           "vision_target", "with_model"]
 
 # What builds an architecture's package: package(raw config.json, folder, checkpoint, the
 # decoder's config, target) -> a Package, or None where the checkpoint holds the decoder alone.
@@ -92,7 +93,9 @@ class Package:
     decoder whose inputs and outputs are not the shared contract, None for builder.io.DecoderIO's;
     `position_rows`: the shared decoder reads position ids of this many rows that genai computes
     (Qwen-VL's M-RoPE: 3); `embeds_width`: the width of its inputs_embeds where that is not the
-    hidden size (Qwen3-VL's DeepStack features ride beside the embeddings)."""
+    hidden size (Qwen3-VL's DeepStack features ride beside the embeddings); `embeds` False: the
+    decoder keeps reading input_ids (a package of a draft head alone); `decoder_outputs`: outputs
+    the decoder adds for the package's models (a draft head's hidden_states)."""
 
     model_type: str
     models: list[PackageModel]
@@ -106,6 +109,8 @@ class Package:
     decoder: DecoderRecorder | None = None
     position_rows: int | None = None
     embeds_width: int | None = None
+    embeds: bool = True  # the decoder reads inputs_embeds (from the embedding model), not input_ids
+    decoder_outputs: tuple[str, ...] = ()  # outputs the decoder adds for the package's models (hidden_states)
 
     def genai_config(self, config: dict[str, Any]) -> dict[str, Any]:
         """`config` (the decoder's genai_config.json, reading inputs_embeds unless this package
@@ -115,6 +120,8 @@ class Package:
         model = config["model"]
         session = model["decoder"]["session_options"]
         decoder = {**model["decoder"], **self.decoder_fields}
+        if self.decoder_outputs:
+            decoder["outputs"] = {**decoder["outputs"], **{n: n for n in self.decoder_outputs}}
         if self.position_rows:
             decoder["inputs"] = {**decoder["inputs"], "position_ids": "position_ids"}
         if self.embeds_width:
@@ -137,3 +144,14 @@ def image_models(vision: PackageModel, embedding: PackageModel, processor_file: 
     embedding.genai = {"inputs": {"input_ids": "input_ids", "image_features": "image_features"},
                        "outputs": {"inputs_embeds": "inputs_embeds"}}
     return [vision, embedding]
+
+
+def with_model(package: Package | None, model: PackageModel, model_type: str, decoder_outputs: tuple[str, ...] = ()
+               ) -> Package:
+    """`package` with `model` beside its models (the decoder's model type and input_ids kept where
+    there was no package), the decoder adding `decoder_outputs` for it (a draft head beside a
+    text decoder or a multimodal package)."""
+    if package is None:
+        package = Package(model_type, [], {}, embeds=False)
+    return dataclasses.replace(package, models=[*package.models, model],
+                               decoder_outputs=(*package.decoder_outputs, *decoder_outputs))

@@ -27,13 +27,14 @@ from builder.inputs.lora import Adapter, with_adapter
 from builder.inputs.read import read_input
 from builder.inputs.renamed import RenamedCheckpoint
 from builder.inputs.source import Checkpoint, Source
-from builder.io import DecoderIO
+from builder.draft_head import HIDDEN_STATES, draft_model
+from builder.io import BATCH, SEQUENCE, DecoderIO, tensor_type
 from builder.kv_cache import read_scales
 from builder.lazy import Weight
 from builder.providers import Provider
 from builder.options import BuildOptions
 from builder.output_folder import check_output
-from builder.package import Package
+from builder.package import Package, with_model
 from builder.preflight import (
     check_context_length,
     check_float_layers,
@@ -127,10 +128,24 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     package = packager(raw, folder, checkpoint, config, target) if packager is not None else None
     check_windowed_cache(info, options.windowed_kv_cache, options.search)
     _check_package_options(name, family, package, options, target)
+    ignored = family.ignored if package is None else package.ignored
+    head = family.mtp if family.mtp is not None and options.mtp and family.mtp.stored(checkpoint) else None
+    if head is not None:  # the checkpoint's multi-token-prediction head, as mtp.onnx beside the decoder
+        _check_draft_options(name, options, target)
+        try:
+            draft = draft_model(family, checkpoint, config, target)
+        except BuildError as e:
+            raise BuildError(f"{e} (the checkpoint's multi-token-prediction head, {head.pattern}: build the "
+                             "decoder without it with --no-mtp)") from None
+        package = with_model(package, draft, info.model_type, (HIDDEN_STATES,))
+        ignored = tuple(p for p in ignored if p != head.pattern)
+    elif family.mtp is not None and family.mtp.stored(checkpoint):
+        log.info("%s: the checkpoint's multi-token-prediction head (%s) is left out (--no-mtp)", name,
+                 family.mtp.pattern)
 
     g = Graph()
     inputs, outputs, target = _record_decoder(g, family, checkpoint, config, info, package, options, target)
-    checkpoint.check_consumed(family.ignored if package is None else package.ignored)
+    checkpoint.check_consumed(ignored)
     if target.quantization is not None:
         check_float_layers(target.quantization.float_layers, g.linears)
         check_float_layers(tuple(options.int8_layers), g.linears, "--int8-layers")
@@ -184,6 +199,17 @@ def _check_package_options(name: str, family, package: Package | None, options: 
                              "contract, not its encoder-decoder package")
 
 
+def _check_draft_options(name: str, options: BuildOptions, target) -> None:
+    """Options a decoder with a draft head does not take: its verify step reads every position's
+    logits and the head keeps a float KV cache of its own."""
+    if target.last_logits_only:
+        raise BuildError(f"--prune-lm-head: {name}'s multi-token-prediction head is verified on every drafted "
+                         "position's logits; build without --prune-lm-head, or without the head (--no-mtp)")
+    if options.kv_cache != "float":
+        raise BuildError(f"--kv-cache {options.kv_cache}: {name}'s multi-token-prediction head keeps a float KV cache; "
+                         "build with a float cache, or without the head (--no-mtp)")
+
+
 def _record_decoder(g: Graph, family, checkpoint, config, info: DecoderInfo, package, options: BuildOptions,
                     target) -> tuple[list[ir.Value], list[ir.Value], object]:
     """The decoder recorded on `g`, its inputs and outputs from the layers' declared states
@@ -192,8 +218,9 @@ def _record_decoder(g: Graph, family, checkpoint, config, info: DecoderInfo, pac
     if package is not None and package.decoder is not None:
         return (*package.decoder(g, checkpoint, config, target), target)
     windowed = info.sliding_window_layers if target.windowed_kv_cache else []
+    embeds = package is not None and package.embeds
     io = DecoderIO.from_states(info.layers, target.io_dtype, windowed,
-                               embeds_width=(package.embeds_width or info.hidden_size) if package is not None else None,
+                               embeds_width=(package.embeds_width or info.hidden_size) if embeds else None,
                                position_ids=target.provider.position_ids,
                                kv_dtype=np.int8 if options.kv_cache != "float" else None,
                                position_rows=package.position_rows if package is not None else None)
@@ -201,8 +228,14 @@ def _record_decoder(g: Graph, family, checkpoint, config, info: DecoderInfo, pac
     g.position_ids = io.position_ids if io.position_ids is not None and len(io.position_ids.shape) == 2 else None
     if options.kv_cache != "float":
         target = _with_kv_scales(g, io, info, target, options)
-    logits, presents = family.build(g, io, checkpoint, config, target)
-    return io.inputs, io.outputs(logits, info.vocab_size, presents, target.last_logits_only), target
+    logits, presents, hidden = family.build(g, io, checkpoint, config, target)
+    outputs = io.outputs(logits, info.vocab_size, presents, target.last_logits_only)
+    if package is not None and HIDDEN_STATES in package.decoder_outputs:  # what a draft head reads
+        hidden = g.op.Identity(hidden)  # its own value: the graph output beside lm_head's input
+        hidden.name, hidden.type = HIDDEN_STATES, tensor_type(target.io_dtype)
+        hidden.shape = ir.Shape((BATCH, SEQUENCE, info.hidden_size))
+        outputs.append(hidden)
+    return io.inputs, outputs, target
 
 
 def _finish(model: ir.Model, what: str, target) -> None:
@@ -281,7 +314,7 @@ def _source_bytes(checkpoint: Checkpoint, sources: dict[str, tuple[str, ...]]) -
 def genai_json(p: Plan, options: BuildOptions) -> dict[str, Any]:
     """genai_config.json: the decoder's, or a package's (the package rewrites the decoder's)."""
     config = genai_config(p.info, p.target or options.target(), p.generation, options.search,
-                          inputs_embeds=p.package is not None and p.package.decoder is None)
+                          inputs_embeds=p.package is not None and p.package.decoder is None and p.package.embeds)
     return config if p.package is None else p.package.genai_config(config)
 
 
@@ -351,7 +384,7 @@ def build(options: BuildOptions, progress: bool = True, on_published: Callable[[
             return record.build_record(options, folder, hashes.result(), __version__, adapter)
 
     def package_files(staging: Path) -> None:
-        if p.package is not None:
+        if p.package is not None and p.package.processor:
             (staging / p.package.processor_file).write_text(json.dumps(p.package.processor, indent=2) + "\n")
         p.source.write_files(staging)
 

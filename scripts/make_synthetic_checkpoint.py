@@ -396,7 +396,7 @@ QWEN3_5_2B = {
     "linear_num_key_heads": 16, "linear_num_value_heads": 16,
     "layer_types": ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(24)],
     "tie_word_embeddings": True, "bos_token_id": None, "eos_token_id": 248044, "pad_token_id": None,
-    "torch_dtype": "bfloat16",
+    "torch_dtype": "bfloat16", "mtp_num_hidden_layers": 1,
 }
 
 # ibm-granite/granite-4.0-h-tiny's shapes, from memory (not checked against the hub): 40 layers,
@@ -1181,6 +1181,13 @@ def qwen3_5_tensors(c: dict) -> Iterator[tuple[str, tuple[int, ...]]]:
         yield from ((p + f"mlp.{w}.weight", shape) for w, shape in
                     (("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I))))
     yield "model.norm.weight", (H,)
+    if c.get("mtp_num_hidden_layers"):  # the hub's multi-token-prediction head: one full-attention layer
+        yield from (("mtp." + name, shape) for name, shape in (
+            ("fc.weight", (H, 2 * H)), ("pre_fc_norm_embedding.weight", (H,)), ("pre_fc_norm_hidden.weight", (H,)),
+            ("norm.weight", (H,))))
+        attention = {**c, "num_hidden_layers": 1, "layer_types": ["full_attention"], "mtp_num_hidden_layers": 0}
+        yield from ((name.replace("model.layers.0.", "mtp.layers.0."), shape) for name, shape in qwen3_5_tensors(
+            attention) if name.startswith("model.layers.0."))
 
 
 def _swiglu(prefix: str, width: int, hidden: int) -> Iterator[tuple[str, tuple[int, ...]]]:
