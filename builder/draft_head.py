@@ -30,6 +30,7 @@ import onnx_ir as ir
 
 from builder.architecture import Weights, decoder_info, decoder_layers
 from builder.blocks.linear import linear
+from builder.blocks.lm_head import last_positions
 from builder.blocks.norm import rms_norm
 from builder.errors import BuildError
 from builder.graph import Graph
@@ -88,7 +89,8 @@ class DraftHead:
 def draft_model(family, ckpt: Checkpoint, c: Any, target: Target) -> PackageModel:
     """The family's MTP head (`family.mtp`, a DraftHead) recorded as mtp.onnx: inputs input_ids,
     attention_mask, hidden_states (batch, sequence, hidden), its one layer's KV cache; outputs
-    logits, hidden_states_out and that layer's present KV."""
+    logits of the last position (batch, 1, vocab), hidden_states_out (every position's) and that
+    layer's present KV."""
     from builder.family import Decoder  # the shared body's per-build state (family imports this module's users)
 
     head: DraftHead = family.mtp
@@ -123,11 +125,13 @@ def draft_model(family, ckpt: Checkpoint, c: Any, target: Target) -> PackageMode
     presents = decoder_layers(g, ckpt, 1, lambda i, lw: family.layer(d, lw, i), head.prefix, family.weights)
     with g.scope("mtp", "norm"):
         out = d.stream.norm(head.norm(w, head.final_norm, H))
-    logits = family.logits(d, out)
+    # A draft reads the last row's logits alone (after an accepted draft the head takes two pairs, over
+    # a prompt all of them): lm_head over that row only, [batch, 1, vocab], as a pruned decoder's.
+    logits = family.logits(d, last_positions(g, out, d.lengths.seqlens_k))
     out = g.op.Identity(out)  # its own value: the graph output beside lm_head's input
     out.name, out.type, out.shape = HIDDEN_STATES_OUT, hidden.type, ir.Shape(hidden.shape)
     inputs = [*io.inputs[:2], hidden, *io.inputs[2:]]
-    outputs = [*io.outputs(logits, info.vocab_size, presents), out]
+    outputs = [*io.outputs(logits, info.vocab_size, presents, last_only=True), out]
     kv = info.layers[0].kv
     genai = {
         "num_hidden_layers": 1, "num_key_value_heads": kv.heads, "head_size": kv.head_size,

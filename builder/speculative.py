@@ -16,9 +16,12 @@ stops at its first step when the logits are float32 ("Cast - input and output ty
 its host argmax casts the logits to float32 unconditionally), and with float16 logits at the first
 rejected draft of a hybrid decoder ("ConvKeyValueCache does not support RewindTo"), as does
 `og.Generator.rewind_to` after `snapshot_state` — a Qwen3.5 decoder's convolution and recurrent
-states cannot be taken back there. Here the two models run in ONNX Runtime sessions and every state
-is an array this runner keeps: a rejected draft is undone by going back to the states before the
-verify step (held, not copied) and running the one kept token again (replay).
+states cannot be taken back there; ONNX Runtime's CPU LinearAttention refuses `state_window` (the
+per-token states that would) ("CUDA EP only", 1.32). Here the two models run in ONNX Runtime
+sessions and every state is an array this runner keeps. A rejected draft costs no step of its own:
+the states before the verify step are kept (held, not copied), the right token joins the kept
+tokens, and the next verify step runs them with its draft ([token, right, draft], from those
+states); after MAX_KEPT rejections in a row a plain step over the kept tokens catches up.
 
 The head's cache covers the whole sequence, as the head was trained (the pair (h_i, t_{i+1}) at
 position i, the prompt's included), not only the generated tokens. Batch 1.
@@ -37,6 +40,9 @@ import numpy as np
 __all__ = ["Speculative", "Stats"]
 
 HIDDEN, HIDDEN_OUT = "hidden_states", "hidden_states_out"
+# Committed tokens a verify step may carry beyond its draft (each rejected draft adds one) before a
+# plain step over them alone catches the states up.
+MAX_KEPT = 4
 
 
 @dataclass
@@ -163,86 +169,85 @@ class Speculative:
     def generate(self, prompt: list[int], max_new_tokens: int, *, speculate: bool = True, do_sample: bool = False,
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
                  drafter: Any = None) -> tuple[list[int], Stats]:
-        """Up to `max_new_tokens` tokens after `prompt` (stopping at an end-of-sequence token or the
-        context length), and what it took. `speculate` False: plain decoding, one decoder step a
-        token, on the same sessions (the baseline). `drafter(tokens) -> token` proposes the drafts
-        instead of the head (prompt lookup, a test's oracle)."""
+        """Up to `max_new_tokens` tokens after `prompt` (stopping after an end-of-sequence token or
+        at the context length), and what it took. `speculate` False: plain decoding, one decoder
+        step a token, on the same sessions (the baseline). `drafter(tokens) -> token` proposes the
+        drafts instead of the head (prompt lookup, a test's oracle)."""
         sampler = _Sampler(do_sample, temperature, top_k, top_p, np.random.default_rng(seed))
         stats = Stats()
-        limit = min(max_new_tokens, self.max_length - len(prompt))
+        context = self.max_length
+        limit = min(max_new_tokens, context - len(prompt))
+        tokens, generated = list(prompt), []
         started = time.perf_counter()
         out, states = self.decoder.run(list(prompt), self.decoder.empty(), 0, {})
         stats.forwards += 1
         stats.prefill_seconds = time.perf_counter() - started
-        length = len(prompt)
-        vocab = out["logits"].shape[-1]
-        token = sampler.pick(out["logits"][0, -1])
-        hidden = out[HIDDEN][0]  # h_i of every position so far: the head's input
-        tokens = list(prompt)
-        generated: list[int] = []
-        head_states, head_length = self.head.empty(), 0
-        pending = [(hidden[i], prompt[i + 1]) for i in range(len(prompt) - 1)]  # (h_i, t_{i+1}) not yet in the head
-        h_last = hidden[-1]
         started = time.perf_counter()
-        while True:
+        vocab = out["logits"].shape[-1]
+        hidden = out[HIDDEN][0]
+        # The invariant: `states` hold the decoder's first `base` tokens; `kept` are the committed
+        # tokens after them (at least one), not yet in the states; `pairs` what the head has not seen.
+        base, kept = len(prompt), []
+        pairs = [(hidden[i], prompt[i + 1]) for i in range(len(prompt) - 1)]
+        head_states, head_length = self.head.empty(), 0
+
+        def commit(token: int, h: np.ndarray) -> bool:
+            """Commits `token` (whose hidden-state pair for the head is `h`, the position before's);
+            True when generation ends with it."""
             generated.append(token)
             tokens.append(token)
-            if token in self.eos or len(generated) >= limit:
-                break
-            if not speculate:
-                out, states = self.decoder.run([token], states, length, {})
+            kept.append(token)
+            pairs.append((h, token))
+            return token in self.eos or len(generated) >= limit
+
+        done = limit <= 0 or commit(sampler.pick(out["logits"][0, -1]), hidden[-1])
+        while not done:
+            n = len(kept)
+            if not speculate or n > MAX_KEPT or base + n + 1 > context:
+                # The kept tokens alone (plain decoding, or after a run of rejected drafts): the states
+                # catch up and the last row gives the next token.
+                out, states = self.decoder.run(kept, states, base, {})
                 stats.forwards += 1
-                length += 1
-                token = sampler.pick(out["logits"][0, -1])
+                base, kept[:] = base + n, []
+                done = commit(sampler.pick(out["logits"][0, -1]), out[HIDDEN][0, -1])
                 continue
-            # 1. The head drafts t_{L+1} from (h_{L-1}, t_L), after the pairs it has not seen.
-            pending.append((h_last, token))
+            # 1. A draft of the token after the last kept one: the head's, from the pairs it has not seen.
             if drafter is not None:
                 draft = int(drafter(tokens))
                 q = np.eye(1, vocab, draft)[0] if do_sample else None  # a drafter's certainty
             else:
-                hs = np.stack([h for h, _ in pending])[None].astype(self.head.dtype)
-                head_out, head_states = self.head.run([t for _, t in pending], head_states, head_length,
-                                                       {HIDDEN: hs})
+                hs = np.stack([h for h, _ in pairs])[None].astype(self.head.dtype)
+                head_out, head_states = self.head.run([t for _, t in pairs], head_states, head_length, {HIDDEN: hs})
                 stats.head_steps += 1
-                head_length += len(pending)
+                head_length += len(pairs)
                 logits = head_out["logits"][0, -1]
-                if do_sample:
-                    q = sampler.probabilities(logits)
-                    draft = int(sampler.rng.choice(len(q), p=q))
-                else:
-                    draft = int(np.argmax(logits))
-            pending = []
-            # 2. The decoder verifies [t_L, draft] in one step, from states it keeps until the verdict.
-            out, verified = self.decoder.run([token, draft], states, length, {})
+                q = sampler.probabilities(logits) if do_sample else None
+                draft = int(sampler.rng.choice(vocab, p=q)) if do_sample else int(np.argmax(logits))
+            pairs.clear()
+            # 2. The decoder steps over the kept tokens and the draft from its states: row n - 1 says
+            # what follows the last kept token, row n what follows the draft.
+            out, verified = self.decoder.run([*kept, draft], states, base, {})
             stats.forwards += 1
             stats.drafts += 1
-            logits = out["logits"][0]
+            rows, hs = out["logits"][0], out[HIDDEN][0]
             if do_sample:  # kept with probability min(1, p/q); else drawn from max(0, p - q)
-                p = sampler.probabilities(logits[0])
-                kept = sampler.rng.random() * q[draft] < p[draft]
+                p = sampler.probabilities(rows[n - 1])
+                accepted = sampler.rng.random() * q[draft] < p[draft]
                 residual = np.maximum(p - q, 0)
-                correction = None if kept else int(sampler.rng.choice(len(p), p=residual / residual.sum()))
+                correction = None if accepted else int(sampler.rng.choice(vocab, p=residual / residual.sum()))
             else:
-                kept = draft == int(np.argmax(logits[0]))
-                correction = None
-            if kept:  # t_{L+1} = draft; the verify step's second row gives t_{L+2}
+                correction = int(np.argmax(rows[n - 1]))
+                accepted = correction == draft
+            if accepted:  # every kept token and the draft are in the states now
                 stats.accepted += 1
-                states, length = verified, length + 2
-                generated.append(draft)
-                tokens.append(draft)
-                pending.append((out[HIDDEN][0, 0], draft))
-                h_last = out[HIDDEN][0, 1]
-                token = sampler.pick(logits[1])
-                if draft in self.eos or len(generated) >= limit:
-                    break
-                continue
-            # 3. Rejected: back to the states before the verify step, then t_L alone (replay).
-            out, states = self.decoder.run([token], states, length, {})
-            stats.forwards += 1
-            length += 1
-            h_last = out[HIDDEN][0, -1]
-            token = correction if correction is not None else sampler.pick(out["logits"][0, -1])
+                states, base, kept[:] = verified, base + n + 1, []
+                done = commit(draft, hs[n - 1]) or commit(sampler.pick(rows[n]), hs[n])
+                kept[:] = kept[-1:]  # the token after the draft: not in the states yet
+            else:
+                # Rejected: the states stay where they were (the step's are dropped: a hybrid's
+                # recurrent states cannot be cut back), the right token joins the kept ones, and
+                # the next step runs them again with the next draft.
+                done = commit(correction, hs[n - 1])
         stats.decode_seconds = time.perf_counter() - started
         stats.tokens = len(generated)
-        return generated[:limit], stats
+        return generated, stats

@@ -16,6 +16,7 @@ from helpers import build, make_checkpoint, relative_error
 from mtp_head import HeadReference, add_mtp_head
 from test_family_qwen3_5 import CONFIG as DENSE
 from test_family_qwen3_5_moe import CONFIG as MOE
+from test_family_qwen3_5_moe import NEXT
 
 from builder.cli import main
 from builder.speculative import Speculative
@@ -50,6 +51,7 @@ VARIANTS = {
     "dense": _causal("Qwen3_5TextConfig", DENSE),
     "moe": _causal("Qwen3_5MoeTextConfig", {**MOE, "num_experts": 8}),
     "conditional": _conditional,
+    "next": _causal("Qwen3NextConfig", NEXT),  # Qwen3-Next: the same head names and layer kind
 }
 
 
@@ -99,10 +101,12 @@ def test_head_matches_its_math(package):
     hidden, _ = _hidden(_decoder(source), ids)
     reference = HeadReference(source)
     want_logits, want_hidden = reference(hidden[:-1], ids[1:], np.arange(len(ids) - 1))
+    # Its logits are the last position's alone (what a draft reads).
     cut = len(ids) - 3
     logits, h, past = _head(out, hidden[:cut], ids[1:cut + 1])
     more_logits, more_h, _ = _head(out, hidden[cut:-1], ids[cut + 1:], past, cut)
     got_logits, got_hidden = np.concatenate([logits, more_logits]), np.concatenate([h, more_h])
+    want_logits = want_logits[[cut - 1, -1]]
     assert relative_error(got_logits, want_logits) < 1e-4, relative_error(got_logits, want_logits)
     assert relative_error(got_hidden, want_hidden) < 1e-4
     assert (got_logits.argmax(-1) == want_logits.argmax(-1)).all()
@@ -237,10 +241,15 @@ def test_int4_head_is_quantized_like_the_decoder(tmp_path):
     ops = {n.op_type for n in onnx.load(out / "mtp.onnx", load_external_data=False).graph.node}
     assert "MatMulNBits" in ops
     hidden, _ = _hidden(_decoder(source), PROMPTS[0])
-    want, _ = HeadReference(source)(hidden[:-1], PROMPTS[0][1:], np.arange(len(PROMPTS[0]) - 1))
-    got, _, _ = _head(out, hidden[:-1], PROMPTS[0][1:])
-    cos = (got * want).sum() / np.linalg.norm(got) / np.linalg.norm(want)
-    assert cos > 0.99, cos
+    want, want_hidden = HeadReference(source)(hidden[:-1], PROMPTS[0][1:], np.arange(len(PROMPTS[0]) - 1))
+    got, got_hidden, _ = _head(out, hidden[:-1], PROMPTS[0][1:])
+
+    def cos(a, b):
+        return (a * b).sum() / np.linalg.norm(a) / np.linalg.norm(b)
+
+    # 4-bit blocks of 32 over tiny random matrices: close to the float head, not equal.
+    assert cos(got_hidden, want_hidden) > 0.99, cos(got_hidden, want_hidden)
+    assert cos(got, want[-1:]) > 0.98, cos(got, want[-1:])
     Speculative(out).generate(PROMPTS[0], 8)
 
 
@@ -284,3 +293,51 @@ def test_prune_lm_head_with_a_head_is_refused(tmp_path, capsys):
     source = VARIANTS["dense"](tmp_path / "src")
     assert main(["-m", str(source), "-o", str(tmp_path / "out"), "-p", "fp32", "--prune-lm-head"]) != 0
     assert "--no-mtp" in capsys.readouterr().err
+
+
+def test_head_equals_the_reference_builders(tmp_path):
+    # onnxruntime-genai 0.18's own builder (builders/qwen.py, Qwen35Model) writes the same head from the
+    # hub's layout: both mtp.onnx files on identical inputs (a prompt's pairs, then two more over the
+    # cache). Its CPU head cannot run as written: position_ids is declared [3, batch, sequence] (M-RoPE
+    # rows) and fed straight to RotaryEmbedding, which takes two dimensions; redeclared [batch, sequence]
+    # here. Its package also declares shared_initializers, which og.Model refuses on the CPU ("GetMemoryInfo
+    # for CPU should not be used"); ours opens (test_package_stores_the_vocabulary_once).
+    import subprocess
+    import sys
+
+    source = _conditional(tmp_path / "src")
+    ours = build(source, tmp_path / "ours", "-p", "fp32")
+    ref = tmp_path / "ref"
+    done = subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(source), "-o", str(ref),
+                           "-p", "fp32", "-e", "cpu", "-c", str(tmp_path / "cache")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    head = onnx.load(ref / "mtp.onnx", load_external_data=False)
+    position_ids = next(i for i in head.graph.input if i.name == "position_ids")
+    del position_ids.type.tensor_type.shape.dim[0]
+    onnx.save(head, ref / "mtp.onnx")
+    hidden, _ = _hidden(_decoder(source), PROMPTS[2])
+    ids = PROMPTS[2]
+    cut = len(ids) - 3
+
+    def run(folder, rows, tokens, past, length):
+        session = ort.InferenceSession(str(folder / "mtp.onnx"), providers=["CPUExecutionProvider"])
+        names = {i.name for i in session.get_inputs()}
+        feed = {"input_ids": np.asarray([tokens], np.int64),
+                "attention_mask": np.ones((1, length + len(tokens)), np.int64),
+                "hidden_states": np.asarray(rows, np.float32)[None], **past}
+        if "position_ids" in names:
+            feed["position_ids"] = np.arange(length, length + len(tokens))[None]
+        out = dict(zip([o.name for o in session.get_outputs()], session.run(None, feed)))
+        return out, {f"past_key_values.0.{k}": out[f"present.0.{k}"] for k in ("key", "value")}
+
+    for folder in (ours, ref):
+        empty = {f"past_key_values.0.{k}": np.zeros((1, 1, 0, 64), np.float32) for k in ("key", "value")}
+        first, past = run(folder, hidden[:cut], ids[1:cut + 1], empty, 0)
+        second, _ = run(folder, hidden[cut:-1], ids[cut + 1:], past, cut)
+        if folder == ours:
+            want = first, second
+            continue
+        for got, mine in zip((first, second), want):
+            got["logits"] = got["logits"][:, -1:]  # ours: the last position's
+            for name in ("logits", "hidden_states_out"):
+                assert relative_error(mine[name], got[name]) < 1e-4, (name, relative_error(mine[name], got[name]))
