@@ -25,7 +25,9 @@ Layers below first_k_dense_replace have a dense SwiGLU; the others GLM-4.5's spa
 experts, shared experts). DeepSeek-V2 (modeling_deepseek_v2.py) is the same attention, its
 rotary always on interleaved pairs (a complex product), with a softmax router: the top k of p
 ("greedy", or within the topk_group groups of largest max p: "group_limited_greedy"), weighted by
-p times routed_scaling_factor, not renormalized (builder.blocks.moe.grouped_softmax_router). The next-token-prediction layers past num_hidden_layers are left out.
+p times routed_scaling_factor, not renormalized (builder.blocks.moe.grouped_softmax_router). The next-token-prediction
+module past num_hidden_layers (model.layers.{num_hidden_layers}: enorm, hnorm, eh_proj, a decoder layer,
+shared_head.norm) is built as the draft head mtp.onnx (builder/draft_head.py), unless --no-mtp.
 onnxruntime-genai 0.18 knows no deepseek_v3: its cache is an ordinary one-KV-head cache, so genai
 runs it as "llama" (head_size rope + rank, one KV head).
 """
@@ -37,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from architectures.glm4_moe import Glm4MoeConfig, moe_block, sigmoid_router, skip_next_token_layers
+from architectures.glm4_moe import Glm4MoeConfig, moe_block, nextn_layer, sigmoid_router, skip_next_token_layers
 from architectures.moe import dense_mlp
 from builder.architecture import Weights
 from builder.blocks import AttentionSpec, Rope, rotary_tables
@@ -46,6 +48,7 @@ from builder.blocks.attention import group_query_attention
 from builder.blocks.linear import linear
 from builder.blocks.moe import grouped_softmax_router
 from builder.blocks.norm import rms_norm
+from builder.draft_head import nextn_head
 from builder.family import Decoder, Family, ModelType, normed_attention, register
 
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -235,9 +238,16 @@ def decoder_layer(d: Decoder, w: Weights, i: int):
     return key, value
 
 
+def nextn_latent_layer(c: DeepseekV3Config) -> DeepseekV3Config:
+    """GLM-4.5's next-token layer config (glm4_moe.nextn_layer) from MLA's own sizes, which the
+    config's latent cache replaced (latent_cache runs again)."""
+    return nextn_layer(c, head_dim=c.qk_rope_head_dim, num_key_value_heads=c.num_attention_heads)
+
+
 FAMILY = register(Family(
     "deepseek_v3", DeepseekV3Config, decoder_layer, VARIANTS, structure=STRUCTURE, rotary=latent_rotary,
     prepare=skip_next_token_layers, ignored=("model.layers.*.self_attn.rotary_emb.inv_freq",), model_types=MODEL_TYPES,
+    mtp=nextn_head(nextn_latent_layer),  # model.layers.{num_hidden_layers}, built as mtp.onnx (--no-mtp: left out)
 ))
 
 __all__ = ["FAMILY", "MODEL_TYPES", "STRUCTURE", "VARIANTS", "DeepseekV3Config", "decoder_layer"]

@@ -11,7 +11,9 @@ Reference: transformers/models/glm4_moe/modeling_glm4_moe.py. Llama's layer with
   (routed_experts), plus `n_shared_experts` shared experts as one dense MLP, added;
 - the multi-token-prediction layers the hub checkpoints carry after the last decoder layer
   (`model.layers.{num_hidden_layers + j}.*`, j < num_nextn_predict_layers) are no part of the
-  decoder; transformers skips them too.
+  decoder (transformers skips them too); the first is built as the draft head mtp.onnx
+  (builder/draft_head.py's nextn_head: enorm, hnorm, eh_proj, the layer, shared_head.norm),
+  unless --no-mtp.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from builder.architecture import Weights, attention_weights
 from builder.blocks import AttentionSpec
 from builder.blocks.moe import grouped_sigmoid_router, routed_experts
 from builder.decoder_config import DecoderConfig
+from builder.draft_head import nextn_head
 from builder.family import Decoder, Family, ModelType, register
 
 VARIANTS: dict[str, dict[str, Any]] = {
@@ -178,10 +181,19 @@ def skip_next_token_layers(d: Decoder) -> None:
             d.ckpt.consume(name)
 
 
+def nextn_layer(c: Glm4MoeConfig, **changes: Any) -> Glm4MoeConfig:
+    """The next-token-prediction module's decoder layer as layer 0 of a one-layer config: with
+    experts where layer num_hidden_layers has them (it always has: it lies past first_k_dense_replace)."""
+    return dataclasses.replace(c, num_hidden_layers=1, layer_types=["full_attention"], num_nextn_predict_layers=0,
+                               first_k_dense_replace=0 if c.sparse(c.num_hidden_layers) else 1, **changes)
+
+
+# model.layers.{num_hidden_layers}: the next-token-prediction module, built as mtp.onnx (--no-mtp: left out).
 FAMILY = register(Family(
     "glm4_moe", Glm4MoeConfig, decoder_layer, VARIANTS, structure=STRUCTURE, prepare=skip_next_token_layers,
     partial_rotary=True, model_types=MODEL_TYPES,
-    ignored=("model.layers.*.self_attn.rotary_emb.inv_freq",),
+    ignored=("model.layers.*.self_attn.rotary_emb.inv_freq",), mtp=nextn_head(nextn_layer),
 ))
 
-__all__ = ["FAMILY", "MODEL_TYPES", "STRUCTURE", "VARIANTS", "Glm4MoeConfig", "decoder_layer", "layer_with", "moe_block"]
+__all__ = ["FAMILY", "MODEL_TYPES", "STRUCTURE", "VARIANTS", "Glm4MoeConfig", "decoder_layer", "layer_with", "moe_block",
+           "nextn_layer"]

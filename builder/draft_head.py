@@ -28,7 +28,7 @@ from typing import Any
 
 import onnx_ir as ir
 
-from builder.architecture import Weights, decoder_info, decoder_layers
+from builder.architecture import Weights, decoder_info
 from builder.blocks.linear import linear
 from builder.blocks.lm_head import last_positions
 from builder.blocks.norm import rms_norm
@@ -40,7 +40,7 @@ from builder.lazy import Weight
 from builder.package import PackageModel
 from builder.target import Target
 
-__all__ = ["DRAFT_STEM", "HIDDEN_STATES", "DraftHead", "draft_model", "full_attention_layer", "plain_norm"]
+__all__ = ["DRAFT_STEM", "HIDDEN_STATES", "DraftHead", "draft_model", "full_attention_layer", "nextn_head", "plain_norm"]
 
 DRAFT_STEM = "mtp"  # mtp.onnx, genai_config.json's "mtp" section
 HIDDEN_STATES = "hidden_states"  # the decoder's output and the head's input: h after the final norm
@@ -52,38 +52,73 @@ def plain_norm(w: Weights, name: str, size: int) -> Weight:
     return w(name, size)
 
 
+def _mtp_prefix(c: Any) -> str:
+    return "mtp."
+
+
+def _mtp_layer(c: Any) -> str:
+    return "mtp.layers.0."
+
+
+def _mtp_layers(tensors, c: Any) -> int:
+    """Qwen's head: one module (mtp.*) with its layers mtp.layers.N."""
+    found = re.compile(r"mtp\.layers\.(\d+)\.")
+    return len({m.group(1) for n in tensors if (m := found.match(n))})
+
+
 @dataclass(frozen=True)
 class DraftHead:
     """Where a family's checkpoints keep their MTP head and how its layer is built.
 
-    `prefix`: the head's tensors (`mtp.`: `{prefix}fc.weight`, `{prefix}layers.0.*`, ...), read
-    only when the checkpoint has some (transformers' own save_pretrained drops them); the other
-    names are under it. `layer_config(c)`: the decoder's config as the head's one layer is built
-    (Qwen3.5's: num_hidden_layers 1, layer_types [full_attention]); the layer is the family's own
-    `layer` hook. `norm(w, name, size)`: a norm weight as the family's RMSNorm multiplies it
-    (Qwen3.5's (1 + weight))."""
+    `prefix(c)`: the head's module (Qwen's `mtp.`; DeepSeek's next-token layer
+    `model.layers.{num_hidden_layers}.`), under which the norms, the projection and the `copies`
+    are; `layer_prefix(c)`: its decoder layer's tensors (Qwen's `mtp.layers.0.`; DeepSeek's the
+    module's own); `layers(tensors, c)`: how many layers the checkpoint's head has (one is built).
+    The head is read only when the checkpoint has tensors under `prefix` (transformers' own
+    save_pretrained drops them). `layer_config(c)`: the decoder's config as the head's one layer is
+    built (Qwen3.5's: num_hidden_layers 1, layer_types [full_attention]); the layer is the family's
+    own `layer` hook. `norm(w, name, size)`: a norm weight as the family's RMSNorm multiplies it
+    (Qwen3.5's (1 + weight)). `copies`: names under the prefix that hold the decoder's embedding and
+    lm_head again (DeepSeek's embed_tokens, shared_head.head): checked equal to the decoder's, whose
+    values the head reads. `ignored`: the pattern a family ignores the head's tensors by when it is
+    not built."""
 
-    prefix: str = "mtp."
+    prefix: Callable[[Any], str] = _mtp_prefix
+    layer_prefix: Callable[[Any], str] = _mtp_layer
+    layers: Callable[[Any, Any], int] = _mtp_layers
     embedding_norm: str = "pre_fc_norm_embedding.weight"
     hidden_norm: str = "pre_fc_norm_hidden.weight"
     projection: str = "fc.weight"
     final_norm: str = "norm.weight"
+    copies: tuple[tuple[str, str], ...] = ()  # (name under the prefix, the decoder's tensor it copies)
     layer_config: Callable[[Any], Any] = lambda c: c
     norm: Callable[[Weights, str, int], Weight] = plain_norm
+    ignored: str | None = "mtp.*"
+    declared: Callable[[Any], bool] = lambda c: True  # whether the config says the checkpoint has a head
 
-    @property
-    def pattern(self) -> str:
-        """The fnmatch pattern of the head's tensors (a family ignores them when it is not built)."""
-        return self.prefix + "*"
+    def stored(self, ckpt: Checkpoint, c: Any) -> bool:
+        """Whether the config declares a head and the checkpoint holds any of its tensors."""
+        prefix = self.prefix(c)
+        return self.declared(c) and any(n.startswith(prefix) for n in ckpt.tensors)
 
-    def stored(self, ckpt: Checkpoint) -> bool:
-        """Whether the checkpoint holds any of the head's tensors."""
-        return any(n.startswith(self.prefix) for n in ckpt.tensors)
 
-    def layer_count(self, ckpt: Checkpoint) -> int:
-        """How many layers the checkpoint's head has (`{prefix}layers.N.*`)."""
-        found = re.compile(re.escape(self.prefix) + r"layers\.(\d+)\.")
-        return len({m.group(1) for n in ckpt.tensors if (m := found.match(n))})
+def nextn_head(layer_config: Callable[[Any], Any], **names: str) -> DraftHead:
+    """DeepSeek-V3's and GLM-4.5's next-token-prediction module: model.layers.{num_hidden_layers}
+    holds enorm, hnorm, eh_proj, shared_head.norm, the copies embed_tokens and shared_head.head,
+    and its decoder layer's own tensors (self_attn.*, mlp.*, the layer norms)."""
+    def prefix(c: Any) -> str:
+        return f"model.layers.{c.num_hidden_layers}."
+
+    def layers(tensors, c: Any) -> int:
+        return sum(1 for j in range(64) if any(n.startswith(f"model.layers.{c.num_hidden_layers + j}.")
+                                                for n in tensors))
+
+    return DraftHead(prefix=prefix, layer_prefix=prefix, layers=layers, embedding_norm="enorm.weight",
+                     hidden_norm="hnorm.weight", projection="eh_proj.weight", final_norm="shared_head.norm.weight",
+                     copies=(("embed_tokens.weight", "model.embed_tokens.weight"),
+                             ("shared_head.head.weight", "lm_head.weight")),
+                     layer_config=layer_config, ignored=None, declared=lambda c: c.num_nextn_predict_layers > 0,
+                     **names)
 
 
 def draft_model(family, ckpt: Checkpoint, c: Any, target: Target) -> PackageModel:
@@ -94,10 +129,16 @@ def draft_model(family, ckpt: Checkpoint, c: Any, target: Target) -> PackageMode
     from builder.family import Decoder  # the shared body's per-build state (family imports this module's users)
 
     head: DraftHead = family.mtp
-    layers = head.layer_count(ckpt)
+    layers, prefix = head.layers(ckpt.tensors, c), head.prefix(c)
     if layers != 1:
-        raise BuildError(f"the checkpoint's MTP head has {layers} layers ({head.prefix}layers.N); onnxruntime-genai "
+        raise BuildError(f"the checkpoint's MTP head has {layers} layers ({prefix}...); onnxruntime-genai "
                          "runs a one-layer head: build without it (--no-mtp)")
+    for copy, original in head.copies:  # the decoder's vocabulary stored again: the head reads the decoder's
+        if prefix + copy in ckpt.tensors:
+            if original in ckpt.tensors and not ckpt.same_values(prefix + copy, original):
+                raise BuildError(f"{prefix + copy} differs from {original}, which the MTP head shares with the "
+                                 "decoder: builder cannot build a head with a vocabulary of its own (--no-mtp)")
+            ckpt.consume(prefix + copy)
     layer_config = head.layer_config(c)
     info = decoder_info(layer_config)
     if info.num_layers != 1 or info.layers[0].kv is None or info.layers[0].names != ("key", "value"):
@@ -113,7 +154,7 @@ def draft_model(family, ckpt: Checkpoint, c: Any, target: Target) -> PackageMode
     d.lengths  # noqa: B018 - recorded before the layer, as the decoder's body does
     d.prepared = family.prepare(d) if family.prepare is not None else None
     d.vocab = family.vocabulary(d)  # the decoder's values: stored once, in model.onnx.data
-    w = family.weights(ckpt, head.prefix)
+    w = family.weights(ckpt, prefix)
     tokens = family.embed(d)
     with g.scope("mtp", "pre_fc_norm_embedding"):
         tokens = rms_norm(g, tokens, head.norm(w, head.embedding_norm, H), c.rms_norm_eps, target)
@@ -122,7 +163,8 @@ def draft_model(family, ckpt: Checkpoint, c: Any, target: Target) -> PackageMode
     with g.scope("mtp", "fc"):
         x = linear(g, g.op.Concat(tokens, h, axis=-1), w(head.projection, H, 2 * H), target)
     d.stream = family.stream(d, x)
-    presents = decoder_layers(g, ckpt, 1, lambda i, lw: family.layer(d, lw, i), head.prefix, family.weights)
+    with g.scope("model", "layers.0"):
+        presents = [family.layer(d, family.weights(ckpt, head.layer_prefix(c)), 0)]
     with g.scope("mtp", "norm"):
         out = d.stream.norm(head.norm(w, head.final_norm, H))
     # A draft reads the last row's logits alone (after an accepted draft the head takes two pairs, over

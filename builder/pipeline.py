@@ -129,19 +129,20 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     check_windowed_cache(info, options.windowed_kv_cache, options.search)
     _check_package_options(name, family, package, options, target)
     ignored = family.ignored if package is None else package.ignored
-    head = family.mtp if family.mtp is not None and options.mtp and family.mtp.stored(checkpoint) else None
+    stored_head = family.mtp is not None and family.mtp.stored(checkpoint, config)
+    head = family.mtp if stored_head and options.mtp else None
     if head is not None:  # the checkpoint's multi-token-prediction head, as mtp.onnx beside the decoder
         _check_draft_options(name, options, target)
         try:
             draft = draft_model(family, checkpoint, config, target)
         except BuildError as e:
-            raise BuildError(f"{e} (the checkpoint's multi-token-prediction head, {head.pattern}: build the "
+            raise BuildError(f"{e} (the checkpoint's multi-token-prediction head, {head.prefix(config)}*: build the "
                              "decoder without it with --no-mtp)") from None
         package = with_model(package, draft, info.model_type, (HIDDEN_STATES,))
-        ignored = tuple(p for p in ignored if p != head.pattern)
-    elif family.mtp is not None and family.mtp.stored(checkpoint):
-        log.info("%s: the checkpoint's multi-token-prediction head (%s) is left out (--no-mtp)", name,
-                 family.mtp.pattern)
+        ignored = tuple(p for p in ignored if p != head.ignored)
+    elif stored_head:
+        log.info("%s: the checkpoint's multi-token-prediction head (%s*) is left out (--no-mtp)", name,
+                 family.mtp.prefix(config))
 
     g = Graph()
     inputs, outputs, target = _record_decoder(g, family, checkpoint, config, info, package, options, target)

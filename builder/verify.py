@@ -78,7 +78,50 @@ def verify(options: BuildOptions, output: Path, folder: Path, quiet: bool = Fals
     verdicts = [sides.compare(ids, {}, sides.embed(np.array([ids], np.int64)))]
     if "vision" in genai:
         verdicts.append(_image_verdict(sides, output, genai, ids))
+    if "mtp" in genai:
+        verdicts.append(_head_verdict(model, output, folder, ids, options, experts_symmetric(output / "mtp.onnx")))
     return verdicts
+
+
+def _head_verdict(model, output: Path, folder: Path, ids: list[int], options: BuildOptions,
+                  symmetric_experts: bool | None) -> Verdict:
+    """The draft head's logits after the prompt's pairs (h_i, t_{i+1}), mtp.onnx against its math in
+    transformers' modules (builder/verify_head.py, rounded as the build rounds it), and the draft
+    acceptance of builder.speculative's greedy decoding on three prompts."""
+    import onnxruntime as ort
+    import torch
+
+    from builder import registry
+    from builder.hf_config import read_json
+    from builder.speculative import Speculative
+    from builder.verify_head import HeadReference, head_layout, read_head_tensors
+
+    raw = read_json(folder / "config.json", "model")
+    architecture = registry.resolve(raw)
+    family = registry.load(architecture)
+    layout = head_layout(family.mtp, family.parse_config(raw, architecture))
+    reference = HeadReference(model, read_head_tensors(folder, layout), layout)
+    target = options.target().with_layers(1)
+    with torch.no_grad():
+        if target.quantization is not None:
+            _round_modules(reference.modules(), target, symmetric_experts, None)
+        hidden = model(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[-1][0].numpy()
+    want, _ = reference(hidden[:-1], ids[1:], np.arange(len(ids) - 1))
+    session = ort.InferenceSession(str(output / "mtp.onnx"), providers=CPU)
+    dtype = np.float16 if options.resolved_io_dtype == "fp16" else np.float32
+    feed = {"input_ids": np.array([ids[1:]], np.int64), "attention_mask": np.ones((1, len(ids) - 1), np.int64),
+            "hidden_states": hidden[None, :-1].astype(dtype)}
+    for i in session.get_inputs():
+        if i.name.startswith("past"):
+            feed[i.name] = np.zeros([1 if d == "batch_size" else 0 if isinstance(d, str) else d for d in i.shape], dtype)
+    got = session.run(["logits"], feed)[0][0].astype(np.float64)
+    speculative = Speculative(output)
+    drafts = accepted = 0
+    for prompt in (ids, ids[: max(2, len(ids) // 2)], ids[::-1]):
+        _, stats = speculative.generate(prompt, 16)
+        drafts, accepted = drafts + stats.drafts, accepted + stats.accepted
+    rate = f"draft acceptance {accepted / max(drafts, 1):.0%} of {drafts} greedy drafts"
+    return verdict(got, want[-1:].astype(np.float64), options, f"the MTP head; {rate}")
 
 
 @dataclass(frozen=True)
@@ -238,18 +281,25 @@ def _round_as_built(model, target, symmetric_experts: bool | None) -> None:
     bits = lookup_bits(q, target, untied, was_tied)
     if bits is not None:
         round_lookup(model.get_input_embeddings().weight.numpy(), bits, q)
+    _round_modules(model, target, symmetric_experts, getattr(model.config.get_text_config(), "hidden_size", None))
+    for name, module in model.named_modules():
+        if is_per_layer_table(name):
+            round_per_layer_table(module.weight.numpy(), q)
+
+
+def _round_modules(model, target, symmetric_experts: bool | None, hidden: int | None) -> None:
+    """Rounds, in place, the Linears and stacked experts of `model` (any module tree) as the build does."""
+    import torch
+
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear):
             round_linear(name, module.weight.numpy(), target)  # shares memory with the parameter
-    hidden = getattr(model.config.get_text_config(), "hidden_size", None)
     for name, module in model.named_modules():
         experts = _stacked_experts(name, module)
         if experts is not None:
             up, down = experts
             transposed = experts_transposed(up.shape, down.shape, hidden, getattr(module, "is_transposed", None))
             round_experts(name, up.data.numpy(), down.data.numpy(), transposed, target, symmetric_experts)
-        if is_per_layer_table(name):
-            round_per_layer_table(module.weight.numpy(), q)
 
 
 def _stacked_experts(name: str, module):

@@ -7,9 +7,9 @@ loaders/qwen.py and vLLM's Qwen3-Next MTP reads): mtp.fc.weight [hidden, 2·hidd
 mtp.pre_fc_norm_embedding.weight, mtp.pre_fc_norm_hidden.weight, mtp.norm.weight [hidden], and
 mtp.layers.0.* a full-attention decoder layer of the family's class in its own parameter names.
 
-`head_forward` is the head written out from those facts (as onnxruntime-genai's export reproduces it,
-examples/python/qwen-3.6-mtp.md): fc(concat(norm_e(embed(t)), norm_h(h))) -> the layer -> norm ->
-lm_head, run with transformers' own decoder layer, rotary and norms.
+`head_reference` is the head written out from those facts (builder/verify_head.py, as onnxruntime-genai's
+export reproduces it, examples/python/qwen-3.6-mtp.md): fc(concat(norm_e(embed(t)), norm_h(h))) -> the
+layer -> norm -> lm_head, run with transformers' own decoder layer, rotary and norms.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import copy
 import json
 from pathlib import Path
 
-import numpy as np
 import torch
 import transformers
 from safetensors.torch import load_file, save_file
@@ -77,46 +76,53 @@ def add_mtp_head(folder: Path, seed: int = 1, drop: str | None = None, shapes: d
     return folder
 
 
-class HeadReference:
-    """The head's forward in torch from the checkpoint's tensors, with transformers' layer, norms
-    and rotary: `__call__(hidden (S, H), tokens (S,), positions (S,))` -> (logits, normed output),
-    over a whole sequence at once (causal attention among its rows)."""
+def add_nextn_head(folder: Path, seed: int = 1) -> Path:
+    """Writes DeepSeek-V3's / GLM-4.5's next-token-prediction module into `folder` as their hub
+    checkpoints store it (DeepSeek-V3's README_WEIGHTS.md; llama.cpp's converter maps the same names):
+    model.layers.{num_hidden_layers}.{enorm, hnorm, eh_proj [hidden, 2·hidden], shared_head.norm}, a
+    decoder layer of the family's class in its own names, and copies of the decoder's embedding
+    (embed_tokens) and lm_head (shared_head.head); config.json's num_nextn_predict_layers 1."""
+    config = _text_config(folder)
+    layer_cls, _, _ = _layer_class(config)
+    N, H = config.num_hidden_layers, config.hidden_size
+    torch.manual_seed(seed)
+    layer = layer_cls(config, layer_idx=N)
+    prefix = f"model.layers.{N}."
+    tensors = {}
+    for name, value in layer.state_dict().items():
+        if "norm" in name:
+            value = 1.0 + 0.2 * torch.randn_like(value)
+        elif name.endswith("e_score_correction_bias"):  # a sigmoid router decided by its bias: no near-ties
+            value = torch.randn_like(value)
+        else:
+            value = 0.1 * torch.randn_like(value) if value.is_floating_point() else value
+        tensors[prefix + name] = value.detach().clone()
+    tensors[prefix + "eh_proj.weight"] = 0.1 * torch.randn(H, 2 * H)
+    for n in ("enorm", "hnorm", "shared_head.norm"):
+        tensors[f"{prefix}{n}.weight"] = 1.0 + 0.2 * torch.randn(H)
+    path = folder / "model.safetensors"
+    stored = load_file(path)
+    tensors[prefix + "embed_tokens.weight"] = stored["model.embed_tokens.weight"].clone()
+    tensors[prefix + "shared_head.head.weight"] = stored["lm_head.weight"].clone()
+    save_file({**stored, **{k: v.contiguous() for k, v in tensors.items()}}, path, metadata={"format": "pt"})
+    raw = json.loads((folder / "config.json").read_text())
+    raw["num_nextn_predict_layers"] = 1
+    (folder / "config.json").write_text(json.dumps(raw, indent=2))
+    return folder
 
-    def __init__(self, folder: Path):
-        config = _text_config(folder)
-        layer_cls, norm_cls, rotary_cls = _layer_class(config)
-        c = head_config(config)
-        c._attn_implementation = "eager"
-        tensors = load_file(folder / "model.safetensors")
-        self.layer = layer_cls(c, layer_idx=0).eval()
-        state = {k[len("mtp.layers.0."):]: v for k, v in tensors.items() if k.startswith("mtp.layers.0.")}
-        missing, unexpected = self.layer.load_state_dict(state, strict=False)
-        assert not missing and not unexpected, (missing, unexpected)
-        H, eps = c.hidden_size, c.rms_norm_eps
 
-        def norm(name):
-            n = norm_cls(H, eps=eps)
-            n.load_state_dict({"weight": tensors[f"mtp.{name}.weight"]})
-            return n.eval()
+def head_reference(folder: Path, model=None):
+    """The head's math in transformers' modules (builder.verify_head.HeadReference, what --verify
+    compares with) for the checkpoint in `folder`, its family's head layout read from config.json."""
+    import architectures
+    from builder.verify_head import HeadReference, head_layout, read_head_tensors
 
-        self.norm_e, self.norm_h, self.norm = norm("pre_fc_norm_embedding"), norm("pre_fc_norm_hidden"), norm("norm")
-        self.fc = tensors["mtp.fc.weight"]
-        embed = next(v for k, v in tensors.items() if k.endswith("embed_tokens.weight"))
-        self.embed = embed
-        self.head = tensors.get("lm_head.weight", embed)
-        self.rotary = rotary_cls(config=c)
-
-    @torch.no_grad()
-    def __call__(self, hidden: np.ndarray, tokens, positions) -> tuple[np.ndarray, np.ndarray]:
-        h = torch.from_numpy(np.asarray(hidden, np.float32))[None]
-        ids = torch.as_tensor(tokens)[None]
-        e = self.embed[ids]
-        x = torch.cat([self.norm_e(e), self.norm_h(h)], dim=-1) @ self.fc.T
-        pos = torch.as_tensor(positions)[None]
-        cos, sin = self.rotary(x, pos)
-        S = x.shape[1]
-        mask = torch.full((1, 1, S, S), float("-inf")).triu(1)
-        y = self.layer(x, position_embeddings=(cos, sin), attention_mask=mask, position_ids=pos)
-        y = y[0] if isinstance(y, tuple) else y
-        out = self.norm(y)
-        return (out @ self.head.T)[0].numpy(), out[0].numpy()
+    raw = json.loads((folder / "config.json").read_text())
+    name = raw["architectures"][0]
+    family = architectures.load(name)
+    layout = head_layout(family.mtp, family.parse_config(raw, name))
+    if model is None:
+        auto = transformers.AutoModelForImageTextToText if "ConditionalGeneration" in name else \
+            transformers.AutoModelForCausalLM
+        model = auto.from_pretrained(folder, dtype=torch.float32).eval()
+    return HeadReference(model, read_head_tensors(folder, layout), layout)

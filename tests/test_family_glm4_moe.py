@@ -96,9 +96,10 @@ def test_plain_options_match_transformers(tmp_path):
 
 
 def test_next_token_layer_and_stacked_experts(glm4_moe, tmp_path, capsys):
-    # The hub's multi-token-prediction layer (model.layers.{num_hidden_layers}.*) is left out, not
-    # refused; an extra layer config.json does not count is refused. Glm4MoeExperts' own layout,
-    # gate_up_proj [E, 2I, H] (gate rows, then up) and down_proj [E, H, I], builds the same model.
+    # The hub's multi-token-prediction layer (model.layers.{num_hidden_layers}.*) is left out with
+    # --no-mtp (built as mtp.onnx otherwise: tests/test_mtp.py; this one lacks its enorm, which is
+    # refused by name); an extra layer config.json does not count is refused. Glm4MoeExperts' own
+    # layout, gate_up_proj [E, 2I, H] (gate rows, then up) and down_proj [E, H, I], builds the same model.
     source = tmp_path / "stacked"
     shutil.copytree(glm4_moe, source)
     tensors = load_file(source / "model.safetensors")
@@ -111,7 +112,10 @@ def test_next_token_layer_and_stacked_experts(glm4_moe, tmp_path, capsys):
     mtp = {k.replace("layers.2.", f"layers.{n}."): v for k, v in tensors.items() if k.startswith("model.layers.2.")}
     mtp[f"model.layers.{n}.eh_proj.weight"] = np.zeros((64, 128), np.float32)
     save_file({**tensors, **mtp}, source / "model.safetensors", metadata={"format": "pt"})
-    assert_parity(build(source, tmp_path / "out", "-p", "fp32"), glm4_moe, tolerance=1e-4)
+    assert_parity(build(source, tmp_path / "out", "-p", "fp32", "--no-mtp"), glm4_moe, tolerance=1e-4)
+    capsys.readouterr()
+    assert main(["-m", str(source), "-o", str(tmp_path / "head"), "-q", "-p", "fp32"]) == 2
+    assert f"model.layers.{n}.enorm.weight" in capsys.readouterr().err
     config = json.loads((source / "config.json").read_text())
     (source / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 0}))
     assert main(["-m", str(source), "-o", str(tmp_path / "refused"), "-q", "-p", "fp32"]) == 2

@@ -13,10 +13,12 @@ import pytest
 import torch
 import transformers
 from helpers import build, make_checkpoint, relative_error
-from mtp_head import HeadReference, add_mtp_head
+from mtp_head import add_mtp_head, add_nextn_head, head_reference
 from test_family_qwen3_5 import CONFIG as DENSE
 from test_family_qwen3_5_moe import CONFIG as MOE
-from test_family_qwen3_5_moe import NEXT
+from test_family_qwen3_5_moe import NEXT, scale_routers
+from test_family_deepseek_v3 import make as make_deepseek
+from test_family_glm4_moe import CONFIG as GLM
 
 from builder.cli import main
 from builder.speculative import Speculative
@@ -25,9 +27,11 @@ PROMPTS = ([5, 17, 33, 12, 99, 100, 7, 8, 61, 42], [9, 4], [3, 1, 4, 1, 5, 9, 2,
 MAX_LENGTH = 48
 
 
-def _causal(config_class, config):
+def _causal(config_class, config, decisive=False):
     def make(folder):
         make_checkpoint(folder, config_class, **config)
+        if decisive:  # routers scaled up: int4 rounding does not flip the decoder's expert choices
+            scale_routers(folder)
         return add_mtp_head(folder)
     return make
 
@@ -49,10 +53,19 @@ def _conditional(folder):
 
 VARIANTS = {
     "dense": _causal("Qwen3_5TextConfig", DENSE),
-    "moe": _causal("Qwen3_5MoeTextConfig", {**MOE, "num_experts": 8}),
+    "moe": _causal("Qwen3_5MoeTextConfig", MOE, decisive=True),
     "conditional": _conditional,
     "next": _causal("Qwen3NextConfig", NEXT),  # Qwen3-Next: the same head names and layer kind
+    # DeepSeek-V3 and GLM-4.5: a next-token module at model.layers.{num_hidden_layers}, a latent-attention
+    # (DeepSeek) or GQA (GLM) layer with experts.
+    "deepseek_v3": lambda folder: add_nextn_head(make_deepseek(folder)),
+    "glm4_moe": lambda folder: add_nextn_head(make_checkpoint(folder, "Glm4MoeConfig", **GLM)),
 }
+
+
+def _reference(source):
+    """The head's math in transformers' modules: Qwen's mtp.* or DeepSeek's and GLM's next-token module."""
+    return head_reference(source, _decoder(source))
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
@@ -99,7 +112,7 @@ def test_head_matches_its_math(package):
     source, out = package
     ids = PROMPTS[2]
     hidden, _ = _hidden(_decoder(source), ids)
-    reference = HeadReference(source)
+    reference = _reference(source)
     want_logits, want_hidden = reference(hidden[:-1], ids[1:], np.arange(len(ids) - 1))
     # Its logits are the last position's alone (what a draft reads).
     cut = len(ids) - 3
@@ -135,7 +148,9 @@ def test_package_stores_the_vocabulary_once(package):
                if isinstance(v.const_value, ir.ExternalTensor)}
     assert located["model.embed_tokens.weight"] == "model.onnx.data"
     assert located["lm_head.weight"] == "model.onnx.data"
-    vocabulary = 2 * DENSE["vocab_size"] * DENSE["hidden_size"] * 4
+    config = json.loads((package[0] / "config.json").read_text())
+    config = config.get("text_config", config)
+    vocabulary = 2 * config["vocab_size"] * config["hidden_size"] * 4
     assert (out / "mtp.onnx.data").stat().st_size < (out / "model.onnx.data").stat().st_size - vocabulary
     model = json.loads((out / "genai_config.json").read_text())["model"]
     assert model["decoder"]["outputs"]["hidden_states"] == "hidden_states"
@@ -241,7 +256,7 @@ def test_int4_head_is_quantized_like_the_decoder(tmp_path):
     ops = {n.op_type for n in onnx.load(out / "mtp.onnx", load_external_data=False).graph.node}
     assert "MatMulNBits" in ops
     hidden, _ = _hidden(_decoder(source), PROMPTS[0])
-    want, want_hidden = HeadReference(source)(hidden[:-1], PROMPTS[0][1:], np.arange(len(PROMPTS[0]) - 1))
+    want, want_hidden = _reference(source)(hidden[:-1], PROMPTS[0][1:], np.arange(len(PROMPTS[0]) - 1))
     got, got_hidden, _ = _head(out, hidden[:-1], PROMPTS[0][1:])
 
     def cos(a, b):
@@ -341,3 +356,18 @@ def test_head_equals_the_reference_builders(tmp_path):
             got["logits"] = got["logits"][:, -1:]  # ours: the last position's
             for name in ("logits", "hidden_states_out"):
                 assert relative_error(mine[name], got[name]) < 1e-4, (name, relative_error(mine[name], got[name]))
+
+
+@pytest.mark.parametrize("variant, precision", [("dense", "fp32"), ("deepseek_v3", "fp32"), ("moe", "int4")])
+def test_verify_compares_the_head_and_reports_its_acceptance(tmp_path, capsys, variant, precision):
+    # --verify compares the head's last logits after the prompt with its math in transformers' modules
+    # (rounded as an int4 build rounds it) and reports builder.speculative's draft acceptance.
+    source = VARIANTS[variant](tmp_path / "src")
+    capsys.readouterr()
+    # (int4 at --accuracy-level 0: the decoder's own verdict at level 4's int8 activations misses this
+    # tiny MoE's tolerance, with or without the head)
+    levels = ["--accuracy-level", "0"] if precision == "int4" else []
+    assert main(["-m", str(source), "-o", str(tmp_path / "out"), "-p", precision, "--verify", *levels]) == 0
+    err = capsys.readouterr().err
+    line = next(line for line in err.splitlines() if "the MTP head" in line)
+    assert "draft acceptance" in line and "PASS" in line.upper(), line
