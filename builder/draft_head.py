@@ -21,6 +21,7 @@ declaration (which genai 0.18's CPU provider refuses). The decoder then outputs 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,10 +38,13 @@ from builder.graph import Graph
 from builder.inputs.source import Checkpoint
 from builder.io import BATCH, SEQUENCE, DecoderIO, graph_value
 from builder.lazy import Weight
-from builder.package import PackageModel
+from builder.package import Package, PackageModel, with_model
 from builder.target import Target
 
-__all__ = ["DRAFT_STEM", "HIDDEN_STATES", "DraftHead", "draft_model", "full_attention_layer", "nextn_head", "plain_norm"]
+log = logging.getLogger("builder")
+
+__all__ = ["DRAFT_STEM", "HIDDEN_STATES", "DraftHead", "draft_model", "full_attention_layer", "nextn_head", "plain_norm",
+           "with_draft_head"]
 
 DRAFT_STEM = "mtp"  # mtp.onnx, genai_config.json's "mtp" section
 HIDDEN_STATES = "hidden_states"  # the decoder's output and the head's input: h after the final norm
@@ -133,12 +137,7 @@ def draft_model(family, ckpt: Checkpoint, c: Any, target: Target) -> PackageMode
     if layers != 1:
         raise BuildError(f"the checkpoint's MTP head has {layers} layers ({prefix}...); onnxruntime-genai "
                          "runs a one-layer head: build without it (--no-mtp)")
-    for copy, original in head.copies:  # the decoder's vocabulary stored again: the head reads the decoder's
-        if prefix + copy in ckpt.tensors:
-            if original in ckpt.tensors and not ckpt.same_values(prefix + copy, original):
-                raise BuildError(f"{prefix + copy} differs from {original}, which the MTP head shares with the "
-                                 "decoder: builder cannot build a head with a vocabulary of its own (--no-mtp)")
-            ckpt.consume(prefix + copy)
+    _check_copies(head, ckpt, prefix)
     layer_config = head.layer_config(c)
     info = decoder_info(layer_config)
     if info.num_layers != 1 or info.layers[0].kv is None or info.layers[0].names != ("key", "value"):
@@ -174,8 +173,25 @@ def draft_model(family, ckpt: Checkpoint, c: Any, target: Target) -> PackageMode
     out.name, out.type, out.shape = HIDDEN_STATES_OUT, hidden.type, ir.Shape(hidden.shape)
     inputs = [*io.inputs[:2], hidden, *io.inputs[2:]]
     outputs = [*io.outputs(logits, info.vocab_size, presents, last_only=True), out]
-    kv = info.layers[0].kv
-    genai = {
+    return PackageModel(DRAFT_STEM, g.model(inputs, outputs, standard=target.standard_ops), dict(g.sources),
+                        DRAFT_STEM, genai_section(info.layers[0].kv))
+
+
+def _check_copies(head: DraftHead, ckpt: Checkpoint, prefix: str) -> None:
+    """The decoder's vocabulary stored again under the head (DeepSeek's): equal, and left unread
+    (the head reads the decoder's values), or refused."""
+    for copy, original in head.copies:
+        if prefix + copy in ckpt.tensors:
+            if original in ckpt.tensors and not ckpt.same_values(prefix + copy, original):
+                raise BuildError(f"{prefix + copy} differs from {original}, which the MTP head shares with the "
+                                 "decoder: builder cannot build a head with a vocabulary of its own (--no-mtp)")
+            ckpt.consume(prefix + copy)
+
+
+def genai_section(kv) -> dict[str, Any]:
+    """genai_config.json's `mtp` section (onnxruntime-genai 0.18's Config::Model::Mtp) for a head
+    whose one layer keeps `kv` (a builder.state.KV)."""
+    return {
         "num_hidden_layers": 1, "num_key_value_heads": kv.heads, "head_size": kv.head_size,
         "main_hidden_states": HIDDEN_STATES,
         "inputs": {"input_ids": "input_ids", "hidden_states": HIDDEN_STATES, "attention_mask": "attention_mask",
@@ -184,10 +200,41 @@ def draft_model(family, ckpt: Checkpoint, c: Any, target: Target) -> PackageMode
         "outputs": {"logits": "logits", "hidden_states": HIDDEN_STATES_OUT, "present_key_names": "present.%d.key",
                     "present_value_names": "present.%d.value"},
     }
-    return PackageModel(DRAFT_STEM, g.model(inputs, outputs, standard=target.standard_ops), dict(g.sources),
-                        DRAFT_STEM, genai)
 
 
 def full_attention_layer(c: Any, attention: str = "full_attention") -> Any:
     """`c` as a one-layer decoder whose layer is `attention` (Qwen3.5's MTP layer)."""
     return dataclasses.replace(c, num_hidden_layers=1, layer_types=[attention])
+
+
+def with_draft_head(name: str, family, checkpoint: Checkpoint, config: Any, info, package: Package | None,
+                    options, target: Target) -> tuple[Package | None, tuple[str, ...]]:
+    """The package with the checkpoint's multi-token-prediction head as mtp.onnx beside the decoder
+    (unless --no-mtp or the checkpoint has none), and the tensors the build may leave unread."""
+    ignored = family.ignored if package is None else package.ignored
+    head = family.mtp
+    if head is None or not head.stored(checkpoint, config):
+        return package, ignored
+    if not options.mtp:
+        log.info("%s: the checkpoint's multi-token-prediction head (%s*) is left out (--no-mtp)", name,
+                 head.prefix(config))
+        return package, ignored
+    _check_draft_options(name, options, target)
+    try:
+        draft = draft_model(family, checkpoint, config, target)
+    except BuildError as e:
+        raise BuildError(f"{e} (the checkpoint's multi-token-prediction head, {head.prefix(config)}*: build the "
+                         "decoder without it with --no-mtp)") from None
+    return (with_model(package, draft, info.model_type, (HIDDEN_STATES,)),
+            tuple(p for p in ignored if p != head.ignored))
+
+
+def _check_draft_options(name: str, options: BuildOptions, target) -> None:
+    """Options a decoder with a draft head does not take: its verify step reads every position's
+    logits and the head keeps a float KV cache of its own."""
+    if target.last_logits_only:
+        raise BuildError(f"--prune-lm-head: {name}'s multi-token-prediction head is verified on every drafted "
+                         "position's logits; build without --prune-lm-head, or without the head (--no-mtp)")
+    if options.kv_cache != "float":
+        raise BuildError(f"--kv-cache {options.kv_cache}: {name}'s multi-token-prediction head keeps a float KV cache; "
+                         "build with a float cache, or without the head (--no-mtp)")

@@ -27,14 +27,14 @@ from builder.inputs.lora import Adapter, with_adapter
 from builder.inputs.read import read_input
 from builder.inputs.renamed import RenamedCheckpoint
 from builder.inputs.source import Checkpoint, Source
-from builder.draft_head import HIDDEN_STATES, draft_model
+from builder.draft_head import HIDDEN_STATES, with_draft_head
 from builder.io import BATCH, SEQUENCE, DecoderIO, tensor_type
 from builder.kv_cache import read_scales
 from builder.lazy import Weight
 from builder.providers import Provider
 from builder.options import BuildOptions
 from builder.output_folder import check_output
-from builder.package import Package, with_model
+from builder.package import Package
 from builder.preflight import (
     check_context_length,
     check_float_layers,
@@ -128,21 +128,7 @@ def plan(options: BuildOptions, folder: Path) -> Plan:
     package = packager(raw, folder, checkpoint, config, target) if packager is not None else None
     check_windowed_cache(info, options.windowed_kv_cache, options.search)
     _check_package_options(name, family, package, options, target)
-    ignored = family.ignored if package is None else package.ignored
-    stored_head = family.mtp is not None and family.mtp.stored(checkpoint, config)
-    head = family.mtp if stored_head and options.mtp else None
-    if head is not None:  # the checkpoint's multi-token-prediction head, as mtp.onnx beside the decoder
-        _check_draft_options(name, options, target)
-        try:
-            draft = draft_model(family, checkpoint, config, target)
-        except BuildError as e:
-            raise BuildError(f"{e} (the checkpoint's multi-token-prediction head, {head.prefix(config)}*: build the "
-                             "decoder without it with --no-mtp)") from None
-        package = with_model(package, draft, info.model_type, (HIDDEN_STATES,))
-        ignored = tuple(p for p in ignored if p != head.ignored)
-    elif stored_head:
-        log.info("%s: the checkpoint's multi-token-prediction head (%s*) is left out (--no-mtp)", name,
-                 family.mtp.prefix(config))
+    package, ignored = with_draft_head(name, family, checkpoint, config, info, package, options, target)
 
     g = Graph()
     inputs, outputs, target = _record_decoder(g, family, checkpoint, config, info, package, options, target)
@@ -198,17 +184,6 @@ def _check_package_options(name: str, family, package: Package | None, options: 
         if options.kv_cache != "float" or target.standard_ops:
             raise BuildError(f"{name}: --kv-cache and --standard-ops apply to decoders of the shared I/O "
                              "contract, not its encoder-decoder package")
-
-
-def _check_draft_options(name: str, options: BuildOptions, target) -> None:
-    """Options a decoder with a draft head does not take: its verify step reads every position's
-    logits and the head keeps a float KV cache of its own."""
-    if target.last_logits_only:
-        raise BuildError(f"--prune-lm-head: {name}'s multi-token-prediction head is verified on every drafted "
-                         "position's logits; build without --prune-lm-head, or without the head (--no-mtp)")
-    if options.kv_cache != "float":
-        raise BuildError(f"--kv-cache {options.kv_cache}: {name}'s multi-token-prediction head keeps a float KV cache; "
-                         "build with a float cache, or without the head (--no-mtp)")
 
 
 def _record_decoder(g: Graph, family, checkpoint, config, info: DecoderInfo, package, options: BuildOptions,

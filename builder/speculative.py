@@ -70,11 +70,27 @@ class Stats:
         return {**self.__dict__, "acceptance": self.acceptance, "tokens_per_second": self.tokens_per_second}
 
 
-class _Session:
-    """One model of the package in an ONNX Runtime session, its states as arrays: `run(ids,
-    extra)` steps it over `ids` from `states` and returns (outputs by name, the states after)."""
+@dataclass(frozen=True)
+class _States:
+    """One generation's states in buffers of its own: each KV cache `capacity` positions long, written
+    in place (GroupQueryAttention's shared past and present buffer: a step from these states writes
+    past their length only), and two sets of the other states (convolution, recurrent), `side` the
+    one a step reads (it writes the other, so the states before a step stay as they were)."""
 
-    def __init__(self, path: Path, providers: list[str], threads: int | None):
+    kv: dict[str, Any]
+    sets: tuple[dict[str, Any], dict[str, Any]]
+    side: int = 0
+
+    def after(self) -> _States:
+        return _States(self.kv, self.sets, 1 - self.side)
+
+
+class _Session:
+    """One model of the package in an ONNX Runtime session: `run(ids, states, length, extra)` steps
+    it over `ids` after the `length` tokens `states` hold and returns (its other outputs by name,
+    the states after), every state bound in place (no copies, no allocation a step)."""
+
+    def __init__(self, path: Path, providers: list[str], threads: int | None, context: int):
         import onnxruntime as ort
 
         options = ort.SessionOptions()
@@ -84,27 +100,49 @@ class _Session:
         self.inputs = {i.name: i for i in self.session.get_inputs()}
         self.outputs = [o.name for o in self.session.get_outputs()]
         self.past = [n for n in self.inputs if n.startswith("past")]
+        self.fresh = [n for n in self.outputs if not n.startswith("present")]  # logits, hidden states
         self.dtype = np.float16 if "float16" in self.inputs[self.past[0]].type else np.float32
+        self.context = context
 
-    def empty(self) -> dict[str, np.ndarray]:
-        """Every state before the first token: KV caches of length 0, conv and recurrent states of zeros."""
-        states = {}
+    def empty(self, capacity: int | None = None) -> _States:
+        """Every state before the first token, for up to `capacity` tokens (default: the context, at
+        most 4096): KV caches of zeros that many positions long, conv and recurrent states of zeros."""
+        from onnxruntime import OrtValue
+
+        capacity = capacity or min(self.context, 4096)
+        kv, sets = {}, ({}, {})
         for name in self.past:
-            dims = [1 if d == "batch_size" else 0 if isinstance(d, str) else d for d in self.inputs[name].shape]
-            states[name] = np.zeros(dims, self.dtype)
-        return states
+            dims = [1 if d == "batch_size" else capacity if isinstance(d, str) else d for d in self.inputs[name].shape]
+            if name.startswith("past_key_values."):
+                kv[name] = OrtValue.ortvalue_from_numpy(np.zeros(dims, self.dtype))
+            else:
+                for side in sets:
+                    side[name] = OrtValue.ortvalue_from_numpy(np.zeros(dims, self.dtype))
+        return _States(kv, sets)
 
-    def run(self, ids: list[int], states: dict[str, np.ndarray], length: int, extra: dict[str, np.ndarray]
-            ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    def run(self, ids: list[int], states: _States, length: int, extra: dict[str, np.ndarray]
+            ) -> tuple[dict[str, np.ndarray], _States]:
         """`ids` appended after `length` tokens (the states' length)."""
         total = length + len(ids)
-        feed = {"input_ids": np.asarray([ids], np.int64), "attention_mask": np.ones((1, total), np.int64),
-                **states, **extra}
+        bind = self.session.io_binding()
+        bind.bind_cpu_input("input_ids", np.asarray([ids], np.int64))
+        bind.bind_cpu_input("attention_mask", np.ones((1, total), np.int64))
         if "position_ids" in self.inputs:
-            feed["position_ids"] = np.arange(length, total, dtype=np.int64)[None]
-        values = dict(zip(self.outputs, self.session.run(None, feed)))
-        after = {name: values[_present(name)] for name in self.past}
-        return values, after
+            bind.bind_cpu_input("position_ids", np.arange(length, total, dtype=np.int64)[None])
+        for name, value in extra.items():
+            bind.bind_cpu_input(name, np.ascontiguousarray(value))
+        for name in self.fresh:
+            bind.bind_output(name, "cpu")
+        for name in self.past:
+            if name in states.kv:
+                bind.bind_ortvalue_input(name, states.kv[name])
+                bind.bind_ortvalue_output(_present(name), states.kv[name])
+            else:
+                bind.bind_ortvalue_input(name, states.sets[states.side][name])
+                bind.bind_ortvalue_output(_present(name), states.sets[1 - states.side][name])
+        self.session.run_with_iobinding(bind)
+        values = {name: value.numpy() for name, value in zip(self.fresh, bind.get_outputs())}
+        return values, states.after()
 
 
 def _present(past: str) -> str:
@@ -144,6 +182,40 @@ class _Sampler:
         p = self.probabilities(logits)
         return int(self.rng.choice(len(p), p=p))
 
+    def judge(self, logits: np.ndarray, draft: int, q: np.ndarray | None) -> tuple[bool, int | None]:
+        """Whether `draft` (drawn from `q`; greedy: None) is kept where the decoder's `logits` say
+        what comes, and the token in its place when it is not: greedy, the argmax; sampling, kept
+        with probability min(1, p/q), else drawn from max(0, p - q), renormalized."""
+        if not self.do_sample:
+            right = int(np.argmax(logits))
+            return right == draft, right
+        p = self.probabilities(logits)
+        if self.rng.random() * q[draft] < p[draft]:
+            return True, None
+        residual = np.maximum(p - q, 0)
+        return False, int(self.rng.choice(len(p), p=residual / residual.sum()))
+
+
+class _Drafts:
+    """The head's side of a generation: its session, its states and how many pairs they hold."""
+
+    def __init__(self, session: _Session, states: _States):
+        self.session, self.states, self.length = session, states, 0
+
+    def draft(self, pairs: list[tuple[np.ndarray, int]], sampler: _Sampler, stats: Stats
+              ) -> tuple[int, np.ndarray | None]:
+        """The head stepped over the `pairs` (h_i, t_{i+1}) it has not seen: its draft of the token
+        after the last, and the distribution it was drawn from (greedy: None)."""
+        hidden = np.stack([h for h, _ in pairs])[None].astype(self.session.dtype)
+        out, self.states = self.session.run([t for _, t in pairs], self.states, self.length, {HIDDEN: hidden})
+        stats.head_steps += 1
+        self.length += len(pairs)
+        logits = out["logits"][0, -1]
+        if not sampler.do_sample:
+            return int(np.argmax(logits)), None
+        q = sampler.probabilities(logits)
+        return int(sampler.rng.choice(len(q), p=q)), q
+
 
 class Speculative:
     """A built folder's decoder (model.onnx, with its hidden_states output) and draft head
@@ -158,13 +230,13 @@ class Speculative:
             raise ValueError(f"{folder} has no draft head (genai_config.json has no 'mtp' section): build it "
                              "from a checkpoint with an MTP head, without --no-mtp")
         providers = providers or ["CPUExecutionProvider"]
-        self.decoder = _Session(folder / model["decoder"]["filename"], providers, threads)
-        self.head = _Session(folder / model["mtp"]["filename"], providers, threads)
-        if HIDDEN not in self.decoder.outputs:
-            raise ValueError(f"{folder}/model.onnx has no {HIDDEN} output for its draft head")
         eos = model.get("eos_token_id")
         self.eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
         self.max_length = int(config.get("search", {}).get("max_length") or model.get("context_length"))
+        self.decoder = _Session(folder / model["decoder"]["filename"], providers, threads, self.max_length)
+        self.head = _Session(folder / model["mtp"]["filename"], providers, threads, self.max_length)
+        if HIDDEN not in self.decoder.outputs:
+            raise ValueError(f"{folder}/model.onnx has no {HIDDEN} output for its draft head")
 
     def generate(self, prompt: list[int], max_new_tokens: int, *, speculate: bool = True, do_sample: bool = False,
                  temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
@@ -174,80 +246,87 @@ class Speculative:
         step a token, on the same sessions (the baseline). `drafter(tokens) -> token` proposes the
         drafts instead of the head (prompt lookup, a test's oracle)."""
         sampler = _Sampler(do_sample, temperature, top_k, top_p, np.random.default_rng(seed))
-        stats = Stats()
-        context = self.max_length
-        limit = min(max_new_tokens, context - len(prompt))
-        tokens, generated = list(prompt), []
+        limit = min(max_new_tokens, self.max_length - len(prompt))
+        run = _Generation(self, prompt, limit, sampler)
+        done = limit <= 0 or run.prefill()
         started = time.perf_counter()
-        out, states = self.decoder.run(list(prompt), self.decoder.empty(), 0, {})
-        stats.forwards += 1
-        stats.prefill_seconds = time.perf_counter() - started
-        started = time.perf_counter()
-        vocab = out["logits"].shape[-1]
-        hidden = out[HIDDEN][0]
-        # The invariant: `states` hold the decoder's first `base` tokens; `kept` are the committed
-        # tokens after them (at least one), not yet in the states; `pairs` what the head has not seen.
-        base, kept = len(prompt), []
-        pairs = [(hidden[i], prompt[i + 1]) for i in range(len(prompt) - 1)]
-        head_states, head_length = self.head.empty(), 0
-
-        def commit(token: int, h: np.ndarray) -> bool:
-            """Commits `token` (whose hidden-state pair for the head is `h`, the position before's);
-            True when generation ends with it."""
-            generated.append(token)
-            tokens.append(token)
-            kept.append(token)
-            pairs.append((h, token))
-            return token in self.eos or len(generated) >= limit
-
-        done = limit <= 0 or commit(sampler.pick(out["logits"][0, -1]), hidden[-1])
         while not done:
-            n = len(kept)
-            if not speculate or n > MAX_KEPT or base + n + 1 > context:
-                # The kept tokens alone (plain decoding, or after a run of rejected drafts): the states
-                # catch up and the last row gives the next token.
-                out, states = self.decoder.run(kept, states, base, {})
-                stats.forwards += 1
-                base, kept[:] = base + n, []
-                done = commit(sampler.pick(out["logits"][0, -1]), out[HIDDEN][0, -1])
+            n = len(run.kept)
+            if not speculate or n > MAX_KEPT or run.base + n + 1 > self.max_length:
+                done = run.catch_up()  # plain decoding, or after a run of rejected drafts
                 continue
             # 1. A draft of the token after the last kept one: the head's, from the pairs it has not seen.
             if drafter is not None:
-                draft = int(drafter(tokens))
-                q = np.eye(1, vocab, draft)[0] if do_sample else None  # a drafter's certainty
+                draft = int(drafter(run.tokens))
+                q = np.eye(1, run.vocab, draft)[0] if do_sample else None  # a drafter's certainty
             else:
-                hs = np.stack([h for h, _ in pairs])[None].astype(self.head.dtype)
-                head_out, head_states = self.head.run([t for _, t in pairs], head_states, head_length, {HIDDEN: hs})
-                stats.head_steps += 1
-                head_length += len(pairs)
-                logits = head_out["logits"][0, -1]
-                q = sampler.probabilities(logits) if do_sample else None
-                draft = int(sampler.rng.choice(vocab, p=q)) if do_sample else int(np.argmax(logits))
-            pairs.clear()
-            # 2. The decoder steps over the kept tokens and the draft from its states: row n - 1 says
-            # what follows the last kept token, row n what follows the draft.
-            out, verified = self.decoder.run([*kept, draft], states, base, {})
-            stats.forwards += 1
-            stats.drafts += 1
-            rows, hs = out["logits"][0], out[HIDDEN][0]
-            if do_sample:  # kept with probability min(1, p/q); else drawn from max(0, p - q)
-                p = sampler.probabilities(rows[n - 1])
-                accepted = sampler.rng.random() * q[draft] < p[draft]
-                residual = np.maximum(p - q, 0)
-                correction = None if accepted else int(sampler.rng.choice(vocab, p=residual / residual.sum()))
-            else:
-                correction = int(np.argmax(rows[n - 1]))
-                accepted = correction == draft
-            if accepted:  # every kept token and the draft are in the states now
-                stats.accepted += 1
-                states, base, kept[:] = verified, base + n + 1, []
-                done = commit(draft, hs[n - 1]) or commit(sampler.pick(rows[n]), hs[n])
-                kept[:] = kept[-1:]  # the token after the draft: not in the states yet
-            else:
-                # Rejected: the states stay where they were (the step's are dropped: a hybrid's
-                # recurrent states cannot be cut back), the right token joins the kept ones, and
-                # the next step runs them again with the next draft.
-                done = commit(correction, hs[n - 1])
-        stats.decode_seconds = time.perf_counter() - started
-        stats.tokens = len(generated)
-        return generated, stats
+                draft, q = run.head.draft(run.pairs, sampler, run.stats)
+            run.pairs.clear()
+            done = run.verify(draft, q)
+        run.stats.decode_seconds = time.perf_counter() - started
+        run.stats.tokens = len(run.generated)
+        return run.generated, run.stats
+
+
+class _Generation:
+    """One generation's state. The invariant: `states` hold the decoder's first `base` tokens;
+    `kept` are the committed tokens after them (at least one once started), not yet in the states;
+    `pairs` the (h_i, t_{i+1}) the head has not seen."""
+
+    def __init__(self, spec: Speculative, prompt: list[int], limit: int, sampler: _Sampler):
+        self.spec, self.limit, self.sampler = spec, limit, sampler
+        self.tokens, self.generated, self.kept = list(prompt), [], []
+        self.stats = Stats()
+        capacity = min(spec.max_length, len(prompt) + max(limit, 0) + MAX_KEPT + 2)
+        self.states, self.base = spec.decoder.empty(capacity), 0
+        self.head = _Drafts(spec.head, spec.head.empty(capacity))
+        self.pairs: list[tuple[np.ndarray, int]] = []
+        self.vocab = 0
+
+    def commit(self, token: int, h: np.ndarray) -> bool:
+        """Commits `token` (`h`: the hidden state of the position before, its pair for the head);
+        True when the generation ends with it."""
+        self.generated.append(token)
+        self.tokens.append(token)
+        self.kept.append(token)
+        self.pairs.append((h, token))
+        return token in self.spec.eos or len(self.generated) >= self.limit
+
+    def prefill(self) -> bool:
+        """The prompt's step and its next token."""
+        started = time.perf_counter()
+        prompt = list(self.tokens)
+        out, self.states = self.spec.decoder.run(prompt, self.states, 0, {})
+        self.stats.forwards += 1
+        self.stats.prefill_seconds = time.perf_counter() - started
+        self.base, self.vocab = len(prompt), out["logits"].shape[-1]
+        hidden = out[HIDDEN][0]
+        self.pairs = [(hidden[i], prompt[i + 1]) for i in range(len(prompt) - 1)]
+        return self.commit(self.sampler.pick(out["logits"][0, -1]), hidden[-1])
+
+    def catch_up(self) -> bool:
+        """A step over the kept tokens alone: the states catch up, the last row gives the next token."""
+        out, self.states = self.spec.decoder.run(self.kept, self.states, self.base, {})
+        self.stats.forwards += 1
+        self.base, self.kept[:] = self.base + len(self.kept), []
+        return self.commit(self.sampler.pick(out["logits"][0, -1]), out[HIDDEN][0, -1])
+
+    def verify(self, draft: int, q: np.ndarray | None) -> bool:
+        """The decoder's step over the kept tokens and `draft` from its states: row n - 1 says what
+        follows the last kept token (the draft kept or not), row n what follows the draft."""
+        n = len(self.kept)
+        out, verified = self.spec.decoder.run([*self.kept, draft], self.states, self.base, {})
+        self.stats.forwards += 1
+        self.stats.drafts += 1
+        rows, hs = out["logits"][0], out[HIDDEN][0]
+        accepted, correction = self.sampler.judge(rows[n - 1], draft, q)
+        if not accepted:
+            # The states stay where they were (the step's are dropped: a hybrid's recurrent states
+            # cannot be cut back); the right token joins the kept ones, and the next step runs them
+            # again with the next draft.
+            return self.commit(correction, hs[n - 1])
+        self.stats.accepted += 1  # every kept token and the draft are in the states now
+        self.states, self.base, self.kept[:] = verified, self.base + n + 1, []
+        done = self.commit(draft, hs[n - 1]) or self.commit(self.sampler.pick(rows[n]), hs[n])
+        self.kept[:] = self.kept[-1:]  # the token after the draft: not in the states yet
+        return done
