@@ -125,11 +125,12 @@ def nextn_head(layer_config: Callable[[Any], Any], **names: str) -> DraftHead:
                      **names)
 
 
-def draft_model(family, ckpt: Checkpoint, c: Any, target: Target) -> PackageModel:
+def draft_model(family, ckpt: Checkpoint, c: Any, target: Target, head_target: Target | None = None) -> PackageModel:
     """The family's MTP head (`family.mtp`, a DraftHead) recorded as mtp.onnx: inputs input_ids,
     attention_mask, hidden_states (batch, sequence, hidden), its one layer's KV cache; outputs
     logits of the last position (batch, 1, vocab), hidden_states_out (every position's) and that
-    layer's present KV."""
+    layer's present KV. `head_target`: what the head's own projection and layer are built for, when
+    not the decoder's `target` (its vocabulary stays the decoder's)."""
     from builder.family import Decoder  # the shared body's per-build state (family imports this module's users)
 
     head: DraftHead = family.mtp
@@ -153,6 +154,7 @@ def draft_model(family, ckpt: Checkpoint, c: Any, target: Target) -> PackageMode
     d.lengths  # noqa: B018 - recorded before the layer, as the decoder's body does
     d.prepared = family.prepare(d) if family.prepare is not None else None
     d.vocab = family.vocabulary(d)  # the decoder's values: stored once, in model.onnx.data
+    d.target = target = head_target or target  # the head's own projection and layer
     w = family.weights(ckpt, prefix)
     tokens = family.embed(d)
     with g.scope("mtp", "pre_fc_norm_embedding"):
@@ -221,12 +223,32 @@ def with_draft_head(name: str, family, checkpoint: Checkpoint, config: Any, info
         return package, ignored
     _check_draft_options(name, options, target)
     try:
-        draft = draft_model(family, checkpoint, config, target)
+        draft = draft_model(family, checkpoint, config, target, _head_target(options, target))
     except BuildError as e:
         raise BuildError(f"{e} (the checkpoint's multi-token-prediction head, {head.prefix(config)}*: build the "
                          "decoder without it with --no-mtp)") from None
     return (with_model(package, draft, info.model_type, (HIDDEN_STATES,)),
             tuple(p for p in ignored if p != head.ignored))
+
+
+def _head_target(options, target: Target) -> Target | None:
+    """The Target of --mtp-precision (None: the decoder's): the same provider and activations, the
+    precision's own quantization defaults."""
+    if options.mtp_precision in (None, options.precision):
+        return None
+    from builder.options import QUANTIZED, BuildOptions
+
+    io = options.resolved_io_dtype if options.mtp_precision in QUANTIZED else None
+    try:
+        head = BuildOptions(model=options.model, input=options.input, precision=options.mtp_precision,
+                            execution_provider=options.execution_provider, io_dtype=io).target()
+    except BuildError as e:
+        raise BuildError(f"--mtp-precision {options.mtp_precision}: {e}") from None
+    if head.io_dtype != target.io_dtype:
+        raise BuildError(f"--mtp-precision {options.mtp_precision}: the head reads the decoder's hidden states in "
+                         f"its activations' {target.io_dtype.name}, and a {options.mtp_precision} head's are "
+                         f"{head.io_dtype.name}; choose a precision with the same activations")
+    return head.with_layers(1)
 
 
 def _check_draft_options(name: str, options: BuildOptions, target) -> None:

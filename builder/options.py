@@ -141,6 +141,9 @@ class BuildOptions:
     mtp: bool = option(True, bool, "a checkpoint's multi-token-prediction head (Qwen3.5's mtp.*): built as mtp.onnx, "
                        "a draft model for speculative decoding (builder.speculative), sharing the decoder's "
                        "embedding and lm_head bytes", flag="--no-mtp", flag_value=False)
+    mtp_precision: str | None = option(None, str, "the multi-token-prediction head's own layer and projection at "
+                                       "this precision (default: the decoder's, --precision); its embedding and "
+                                       "lm_head stay the decoder's", PRECISIONS)
     text_only: bool = option(False, bool, "image-and-text models (Gemma 3 4b/12b/27b): build the text decoder "
                              "alone instead of the multimodal package (vision, embedding and decoder models)")
     cache_dir: str | None = option(None, str, "Hugging Face cache folder for downloads (default: huggingface_hub's, "

@@ -371,3 +371,19 @@ def test_verify_compares_the_head_and_reports_its_acceptance(tmp_path, capsys, v
     err = capsys.readouterr().err
     line = next(line for line in err.splitlines() if "the MTP head" in line)
     assert "draft acceptance" in line and "PASS" in line.upper(), line
+
+
+def test_head_at_its_own_precision(tmp_path, capsys):
+    # --mtp-precision fp32 beside an int4 decoder: the head's projection and layer stay float (its
+    # hidden_states_out equals the float head's math), its lm_head is still the decoder's 4-bit one.
+    source = VARIANTS["dense"](tmp_path / "src")
+    out = build(source, tmp_path / "out", "-p", "int4", "--mtp-precision", "fp32")
+    nbits = [n for n in onnx.load(out / "mtp.onnx", load_external_data=False).graph.node if n.op_type == "MatMulNBits"]
+    assert [n.name for n in nbits] and all("lm_head" in n.name for n in nbits)
+    hidden, _ = _hidden(_decoder(source), PROMPTS[0])
+    _, want = _reference(source)(hidden[:-1], PROMPTS[0][1:], np.arange(len(PROMPTS[0]) - 1))
+    _, got, _ = _head(out, hidden[:-1], PROMPTS[0][1:])
+    assert relative_error(got, want) < 1e-4
+    capsys.readouterr()
+    assert main(["-m", str(source), "-o", str(tmp_path / "fp16"), "-p", "int4", "--mtp-precision", "fp16"]) != 0
+    assert "--mtp-precision fp16" in capsys.readouterr().err
