@@ -88,7 +88,12 @@ class Rope:
                     out *= np.float32(self.attention_factor)
                 return out
 
-            return Weight.computed((max_positions, half), np.float32, compute).astype(dtype)
+            weight = Weight.computed((max_positions, half), np.float32, compute)
+            # What determines the table: another model of the build with the same rotary (a draft
+            # head beside its decoder) reads the stored one (builder/writer.py's content keys).
+            weight.derived = ("rotary", fn.__name__, self.inv_freq.tobytes(), float(self.attention_factor),
+                              max_positions)
+            return weight.astype(dtype)
 
         return table(np.cos), table(np.sin)
 
