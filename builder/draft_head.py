@@ -27,8 +27,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import onnx_ir as ir
-
 from builder.architecture import Weights, decoder_info
 from builder.blocks.linear import linear
 from builder.blocks.lm_head import last_positions
@@ -36,7 +34,7 @@ from builder.blocks.norm import rms_norm
 from builder.errors import BuildError
 from builder.graph import Graph
 from builder.inputs.source import Checkpoint
-from builder.io import BATCH, SEQUENCE, DecoderIO, graph_value
+from builder.io import BATCH, SEQUENCE, DecoderIO, graph_value, hidden_output
 from builder.lazy import Weight
 from builder.package import Package, PackageModel, with_model
 from builder.target import Target
@@ -106,7 +104,7 @@ class DraftHead:
         return self.declared(c) and any(n.startswith(prefix) for n in ckpt.tensors)
 
 
-def nextn_head(layer_config: Callable[[Any], Any], **names: str) -> DraftHead:
+def nextn_head(layer_config: Callable[[Any], Any]) -> DraftHead:
     """DeepSeek-V3's and GLM-4.5's next-token-prediction module: model.layers.{num_hidden_layers}
     holds enorm, hnorm, eh_proj, shared_head.norm, the copies embed_tokens and shared_head.head,
     and its decoder layer's own tensors (self_attn.*, mlp.*, the layer norms)."""
@@ -114,15 +112,15 @@ def nextn_head(layer_config: Callable[[Any], Any], **names: str) -> DraftHead:
         return f"model.layers.{c.num_hidden_layers}."
 
     def layers(tensors, c: Any) -> int:
-        return sum(1 for j in range(64) if any(n.startswith(f"model.layers.{c.num_hidden_layers + j}.")
-                                                for n in tensors))
+        """The layers past num_hidden_layers, one pass over the names."""
+        found = re.compile(r"model\.layers\.(\d+)\.")
+        return len({i for n in tensors if (m := found.match(n)) and (i := int(m.group(1))) >= c.num_hidden_layers})
 
     return DraftHead(prefix=prefix, layer_prefix=prefix, layers=layers, embedding_norm="enorm.weight",
                      hidden_norm="hnorm.weight", projection="eh_proj.weight", final_norm="shared_head.norm.weight",
                      copies=(("embed_tokens.weight", "model.embed_tokens.weight"),
                              ("shared_head.head.weight", "lm_head.weight")),
-                     layer_config=layer_config, ignored=None, declared=lambda c: c.num_nextn_predict_layers > 0,
-                     **names)
+                     layer_config=layer_config, ignored=None, declared=lambda c: c.num_nextn_predict_layers > 0)
 
 
 def draft_model(family, ckpt: Checkpoint, c: Any, target: Target, head_target: Target | None = None) -> PackageModel:
@@ -171,8 +169,7 @@ def draft_model(family, ckpt: Checkpoint, c: Any, target: Target, head_target: T
     # A draft reads the last row's logits alone (after an accepted draft the head takes two pairs, over
     # a prompt all of them): lm_head over that row only, [batch, 1, vocab], as a pruned decoder's.
     logits = family.logits(d, last_positions(g, out, d.lengths.seqlens_k))
-    out = g.op.Identity(out)  # its own value: the graph output beside lm_head's input
-    out.name, out.type, out.shape = HIDDEN_STATES_OUT, hidden.type, ir.Shape(hidden.shape)
+    out = hidden_output(g, out, HIDDEN_STATES_OUT, target.io_dtype, H)
     inputs = [*io.inputs[:2], hidden, *io.inputs[2:]]
     outputs = [*io.outputs(logits, info.vocab_size, presents, last_only=True), out]
     return PackageModel(DRAFT_STEM, g.model(inputs, outputs, standard=target.standard_ops), dict(g.sources),

@@ -157,6 +157,14 @@ class DecoderIO:
         return tuple(states[layer] for states in (self.conv, self.recurrent) if layer in states)
 
 
+def hidden_output(g, hidden: ir.Value, name: str, io_dtype: np.dtype, width: int) -> ir.Value:
+    """`hidden` (batch, sequence, width) as the graph output `name`: its own value (an Identity),
+    as the value itself also feeds lm_head."""
+    out = g.op.Identity(hidden)
+    out.name, out.type, out.shape = name, tensor_type(io_dtype), ir.Shape((BATCH, SEQUENCE, width))
+    return out
+
+
 def logits_dtype(io_dtype: np.dtype) -> np.dtype:
     """fp16 models return fp16 logits; bf16 ones return fp32 (what onnxruntime-genai samples from)."""
     return np.dtype(np.float16) if np.dtype(io_dtype) == np.float16 else np.dtype(np.float32)

@@ -28,7 +28,7 @@ from builder.inputs.read import read_input
 from builder.inputs.renamed import RenamedCheckpoint
 from builder.inputs.source import Checkpoint, Source
 from builder.draft_head import HIDDEN_STATES, with_draft_head
-from builder.io import BATCH, SEQUENCE, DecoderIO, tensor_type
+from builder.io import DecoderIO, hidden_output
 from builder.kv_cache import read_scales
 from builder.lazy import Weight
 from builder.providers import Provider
@@ -207,10 +207,7 @@ def _record_decoder(g: Graph, family, checkpoint, config, info: DecoderInfo, pac
     logits, presents, hidden = family.build(g, io, checkpoint, config, target)
     outputs = io.outputs(logits, info.vocab_size, presents, target.last_logits_only)
     if package is not None and HIDDEN_STATES in package.decoder_outputs:  # what a draft head reads
-        hidden = g.op.Identity(hidden)  # its own value: the graph output beside lm_head's input
-        hidden.name, hidden.type = HIDDEN_STATES, tensor_type(target.io_dtype)
-        hidden.shape = ir.Shape((BATCH, SEQUENCE, info.hidden_size))
-        outputs.append(hidden)
+        outputs.append(hidden_output(g, hidden, HIDDEN_STATES, target.io_dtype, info.hidden_size))
     return io.inputs, outputs, target
 
 

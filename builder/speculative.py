@@ -39,7 +39,7 @@ import numpy as np
 
 __all__ = ["Speculative", "Stats"]
 
-HIDDEN, HIDDEN_OUT = "hidden_states", "hidden_states_out"
+HIDDEN = "hidden_states"  # the decoder's output and the head's input (genai_config.json's mtp section)
 # Committed tokens a verify step may carry beyond its draft (each rejected draft adds one) before a
 # plain step over them alone catches the states up.
 MAX_KEPT = 4
