@@ -273,6 +273,44 @@ def families_tests(variants: dict[str, tuple[str, dict[str, Any]]], families: di
     return tests
 
 
+def router_outputs(model, routers: list, prompts) -> list[np.ndarray]:
+    """The first output of each of `routers` (modules of `model`: their logits, as float64) for each
+    prompt of `prompts` run through `model`, in the order they ran."""
+    seen = []
+    hooks = [r.register_forward_hook(lambda m, i, o: seen.append(o[0].detach().double().numpy())) for r in routers]
+    try:
+        with torch.no_grad():
+            for ids in prompts:
+                model(torch.tensor([ids]))
+    finally:
+        for h in hooks:
+            h.remove()
+    return seen
+
+
+def modules_named(model, class_name: str) -> list:
+    """The modules of `model` of the class named `class_name` (a family's router, ...)."""
+    return [m for m in model.modules() if type(m).__name__ == class_name]
+
+
+def spread_checkpoint(folder: Path, router_scale: float, noise: dict[str, float]) -> Path:
+    """`folder`'s model.safetensors with its routers (`mlp.gate.weight`) scaled by `router_scale`
+    and each tensor whose name ends with a key of `noise` (checked in order) replaced by normal
+    noise of that standard deviation (seeded: the same checkpoint every run): what transformers
+    initializes to constants (a correction bias, biases) made to matter in the proofs."""
+    from safetensors.numpy import load_file, save_file
+
+    tensors, rng = load_file(folder / "model.safetensors"), np.random.default_rng(1)
+    for key, value in tensors.items():
+        if key.endswith("mlp.gate.weight"):
+            tensors[key] = value * router_scale
+        suffix = next((s for s in noise if key.endswith(s)), None)
+        if suffix is not None:
+            tensors[key] = (noise[suffix] * rng.standard_normal(value.shape)).astype(value.dtype)
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
 def assert_grouped_routing(routers: list[tuple[np.ndarray, np.ndarray]], k: int, groups: int, kept: int) -> None:
     """DeepSeek-V3's grouped sigmoid routing (GLM-4.5's, dots1's, MiniCPM5-MoE's, MiMo-V2-Flash's),
     proved by the parity tests only where its choices are clear-cut: for every router's (logits

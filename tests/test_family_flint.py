@@ -14,7 +14,9 @@ import pytest
 import torch
 import transformers
 from conftest import TINY
-from family_runner import CONFIG_FIELDS, FamilyTest, assert_steps_match, family_tests, load
+from family_runner import (
+    CONFIG_FIELDS, FamilyTest, assert_steps_match, family_tests, load, router_outputs, modules_named,
+)
 from helpers import GENAI_PROMPT, PROMPT, build, make_checkpoint, relative_error
 from safetensors.numpy import load_file, save_file
 from test_family_moe import fake_quantize_experts
@@ -79,13 +81,8 @@ def test_routing_is_decisive(family_checkpoint):
     # The parity proofs prove the router only if its choices are clear-cut (no near-tie an ulp
     # could flip) and its weights not saturated (sigmoid scores away from 1).
     model = load(family_checkpoint)
-    k, seen = model.config.num_experts_per_tok, []
-    routers = [m for m in model.modules() if type(m).__name__ == "FlintTopKRouter"]
-    hooks = [r.register_forward_hook(lambda m, i, o: seen.append(o[0].double().numpy())) for r in routers]
-    with torch.no_grad():
-        model(torch.tensor([PROMPT + GENAI_PROMPT]))
-    for h in hooks:
-        h.remove()
+    k = model.config.num_experts_per_tok
+    seen = router_outputs(model, modules_named(model, "FlintTopKRouter"), [PROMPT + GENAI_PROMPT])
     assert seen
     for logits in seen:
         top = np.sort(logits, -1)[:, ::-1]

@@ -17,7 +17,7 @@ import pytest
 import torch
 import transformers
 from conftest import TINY
-from family_runner import RAGGED, FamilyTest, assert_steps_match, family_tests, load
+from family_runner import RAGGED, FamilyTest, assert_steps_match, family_tests, load, router_outputs, modules_named
 from helpers import GENAI_PROMPT, PROMPT, build, make_checkpoint, relative_error
 from safetensors.numpy import load_file, save_file
 from test_family_moe import fake_quantize_experts
@@ -100,14 +100,8 @@ globals().update(family_tests(SPEC))
 def test_routing_is_decisive(family_checkpoint):
     # The parity proofs prove the router only if its choices are clear-cut: no near-tie an ulp could flip.
     model = load(family_checkpoint)
-    k, seen = model.config.num_experts_per_tok, []
-    routers = [m for m in model.modules() if type(m).__name__ == "LaraMiniTopKRouter"]
-    hooks = [r.register_forward_hook(lambda m, i, o: seen.append(o[0].double().numpy())) for r in routers]
-    with torch.no_grad():
-        for ids in (PROMPT + GENAI_PROMPT, *RAGGED):
-            model(torch.tensor([ids]))
-    for h in hooks:
-        h.remove()
+    k = model.config.num_experts_per_tok
+    seen = router_outputs(model, modules_named(model, "LaraMiniTopKRouter"), [PROMPT + GENAI_PROMPT, *RAGGED])
     assert len(seen) == 3 * model.config.num_hidden_layers
     for logits in seen:
         top = np.sort(logits, -1)[:, ::-1]

@@ -11,12 +11,14 @@ fake_quantize_experts)."""
 
 import json
 
-import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
 import transformers
-from family_runner import CONFIG_FIELDS, FamilyTest, assert_grouped_routing, assert_steps_match, family_tests, load
+from family_runner import (
+    CONFIG_FIELDS, FamilyTest, assert_grouped_routing, assert_steps_match, family_tests, load, router_outputs,
+    modules_named, spread_checkpoint,
+)
 from helpers import GENAI_PROMPT, PROMPT, build, make_checkpoint, relative_error
 from safetensors.numpy import load_file, save_file
 from test_family_moe import fake_quantize_experts
@@ -58,18 +60,8 @@ def make(folder, config):
     constants or near them randomized: the correction bias (zero; of the order of the sigmoid scores
     it corrects), the sinks (std 0.02: of the order of the scores, so they weigh) and the biases."""
     make_checkpoint(folder, "MiMoV2FlashConfig", **config)
-    tensors, rng = load_file(folder / "model.safetensors"), np.random.default_rng(1)
-    for key, value in tensors.items():
-        if key.endswith("mlp.gate.weight"):
-            tensors[key] = value * ROUTER_SCALE
-        if key.endswith("e_score_correction_bias"):
-            tensors[key] = (0.3 * rng.standard_normal(value.shape)).astype(value.dtype)
-        elif key.endswith("attention_sink_bias"):
-            tensors[key] = (1.5 * rng.standard_normal(value.shape)).astype(value.dtype)
-        elif key.endswith("_proj.bias"):
-            tensors[key] = (0.1 * rng.standard_normal(value.shape)).astype(value.dtype)
-    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
-    return folder
+    return spread_checkpoint(folder, ROUTER_SCALE, {"e_score_correction_bias": 0.3, "attention_sink_bias": 1.5,
+                                                    "_proj.bias": 0.1})
 
 
 # MiMo-V2-Flash's config.json in the hub's spelling: the remote code's keys beside transformers'
@@ -133,13 +125,8 @@ def test_each_layer_caches_its_own_heads(variant, shapes, checkpoints, tmp_path)
 
 def routing(model, ids):
     """Every router's (logits (tokens, experts), correction bias) over `ids`."""
-    routers = [m for m in model.modules() if type(m).__name__ == "MiMoV2FlashTopkRouter"]
-    seen = []
-    hooks = [r.register_forward_hook(lambda m, i, o: seen.append(o[0].detach().double().numpy())) for r in routers]
-    with torch.no_grad():
-        model(torch.tensor([ids]))
-    for h in hooks:
-        h.remove()
+    routers = modules_named(model, "MiMoV2FlashTopkRouter")
+    seen = router_outputs(model, routers, [ids])
     return list(zip(seen, (r.e_score_correction_bias.double().numpy() for r in routers), strict=True))
 
 

@@ -4,14 +4,15 @@ family proofs (tests/family_runner.py), int4 with the stacked experts rounded to
 groups and the correction bias decide, the sparse layers as transformers builds them, and what
 builder refuses."""
 
-import numpy as np
 import pytest
 import torch
 import transformers
 from conftest import TINY
-from family_runner import CONFIG_FIELDS, FamilyTest, assert_grouped_routing, assert_steps_match, family_tests, load
+from family_runner import (
+    CONFIG_FIELDS, FamilyTest, assert_grouped_routing, assert_steps_match, family_tests, load, router_outputs,
+    modules_named, spread_checkpoint,
+)
 from helpers import GENAI_PROMPT, PROMPT, build, make_checkpoint, relative_error
-from safetensors.numpy import load_file, save_file
 from test_family_moe import fake_quantize_experts
 
 import architectures
@@ -40,16 +41,8 @@ def make(folder, config):
     """transformers' random checkpoint with the routers scaled up, a random correction bias (zero at
     init; of the order of the sigmoid scores it corrects) and random attention biases."""
     make_checkpoint(folder, "MiniCPM5MoeConfig", **config)
-    tensors, rng = load_file(folder / "model.safetensors"), np.random.default_rng(1)
-    for key, value in tensors.items():
-        if key.endswith("mlp.gate.weight"):
-            tensors[key] = value * ROUTER_SCALE
-        if key.endswith("e_score_correction_bias"):
-            tensors[key] = (0.3 * rng.standard_normal(value.shape)).astype(value.dtype)
-        elif key.endswith("_proj.bias"):  # zero at init: random, so a bias read into the wrong rows shows
-            tensors[key] = (0.1 * rng.standard_normal(value.shape)).astype(value.dtype)
-    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
-    return folder
+    # the attention biases are zero at init: random, so a bias read into the wrong rows shows
+    return spread_checkpoint(folder, ROUTER_SCALE, {"e_score_correction_bias": 0.3, "_proj.bias": 0.1})
 
 
 SPEC = FamilyTest(
@@ -91,13 +84,8 @@ def test_routing_is_decisive_and_groups_and_bias_change_it(groups):
     # The parity proofs prove the router only if its choices are clear-cut (no near-tie an ulp could
     # flip) and if both the group restriction and the bias change some token's experts.
     model = load(groups)
-    routers = [m for m in model.modules() if type(m).__name__ == "MiniCPM5MoeTopkRouter"]
-    seen = []
-    hooks = [r.register_forward_hook(lambda m, i, o: seen.append(o[0].detach().numpy())) for r in routers]
-    with torch.no_grad():
-        model(torch.tensor([PROMPT + GENAI_PROMPT]))
-    for h in hooks:
-        h.remove()
+    routers = modules_named(model, "MiniCPM5MoeTopkRouter")
+    seen = router_outputs(model, routers, [PROMPT + GENAI_PROMPT])
     config = VARIANTS["groups"]
     k, G, kept = config["num_experts_per_tok"], config["n_group"], config["topk_group"]
     assert len(seen) == 2

@@ -9,8 +9,7 @@ fake_quantize_experts), at the runner's bounds."""
 
 import numpy as np
 import pytest
-import torch
-from family_runner import CONFIG_FIELDS, FamilyTest, family_tests, load
+from family_runner import CONFIG_FIELDS, FamilyTest, family_tests, load, router_outputs
 from helpers import GENAI_PROMPT, PROMPT, make_checkpoint
 from safetensors.numpy import load_file, save_file
 from test_family_moe import fake_quantize_experts
@@ -70,12 +69,7 @@ globals().update(family_tests(FamilyTest(
 def routing(model, ids):
     """Every layer's (router logits (tokens, experts), correction bias) over `ids`, in float64."""
     blocks = [layer.mlp for layer in model.model.layers]
-    seen = []
-    hooks = [b.gate.register_forward_hook(lambda m, i, o: seen.append(o[0].double().numpy())) for b in blocks]
-    with torch.no_grad():
-        model(torch.tensor([ids]))
-    for h in hooks:
-        h.remove()
+    seen = router_outputs(model, [b.gate for b in blocks], [ids])
     return list(zip(seen, (b.e_score_correction_bias.double().numpy() for b in blocks), strict=True))
 
 
